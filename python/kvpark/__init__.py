@@ -1,0 +1,24 @@
+"""kvpark: an LLM server that parks requests instead of dropping them when the KV pool fills."""
+
+from __future__ import annotations
+
+from kvpark.async_engine import AsyncEngine
+from kvpark.config import EngineConfig, ModelConfig, PoolConfig, SchedulerConfig, ServerConfig
+from kvpark.engine import LLMEngine, RequestRejected
+from kvpark.llm import LLM, RequestOutput
+from kvpark.sampling import SamplingParams
+
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "EngineConfig",
+    "LLMEngine",
+    "ModelConfig",
+    "PoolConfig",
+    "RequestOutput",
+    "RequestRejected",
+    "SamplingParams",
+    "SchedulerConfig",
+    "ServerConfig",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,211 @@
+"""The engine on its own thread, for asyncio callers (the server, embedding applications).
+
+::
+
+    asyncio side (any loop)                 engine thread (single owner of the pool)
+    generate() ── inbox: add/abort ───────► drain inbox → step() → events
+        ▲                                        │
+        └──── per-request asyncio.Queue ◄────────┘ loop.call_soon_threadsafe(put, events)
+
+Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees its
+cells at the start of the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from kvpark.config import EngineConfig
+from kvpark.engine import LLMEngine, RequestRejected
+from kvpark.model.tokenizer import Tokenizer
+from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent
+from kvpark.sampling import SamplingParams
+from kvpark.slots import describe_slots
+from kvpark.stats import EngineStats
+
+log = logging.getLogger("kvpark.engine")
+IDLE_WAIT_S = 0.5
+
+_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.ready = False
+        self.load_error: str | None = None
+        self._engine: LLMEngine | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._slots: list[dict[str, object]] = []
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="kvpark-engine", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until loaded (or failed); True when ready."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready and self.load_error is None:
+            if self._thread is None or not self._thread.is_alive():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            self._thread.join(0.05)
+        return self.ready
+
+    async def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30.0)
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise RuntimeError("the model is still loading")
+        return self._engine
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    # ----------------------------------------------------------------- requests
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.engine.check_request(prompt_ids, params)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[StreamEvent]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[list[StreamEvent]] = asyncio.Queue()
+        if request_id in self._streams:
+            raise RequestRejected(f"duplicate request id {request_id!r}")
+        self._streams[request_id] = (loop, events)
+        self._post("add", (request_id, list(prompt_ids), params))
+        done = False
+        try:
+            while not done:
+                for event in await events.get():
+                    yield event
+                    if isinstance(event, FinishedEvent | ErrorEvent):
+                        done = True
+        finally:
+            self._streams.pop(request_id, None)
+            if not done:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def _post(self, kind: str, payload: Any) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    # ----------------------------------------------------------------- read-only views
+    def slots(self) -> list[dict[str, object]]:
+        return list(self._slots)
+
+    def props(self) -> dict[str, object]:
+        s = self.config.scheduler
+        return {
+            "model": self.model_name if self.ready else None,
+            "max_model_len": self.max_model_len if self.ready else None,
+            "pool": {"kv_cells": self.config.pool.kv_cells, "page_size": self.config.pool.page_size,
+                     "parallel": s.parallel},
+            "exact": False,
+            "preempt": {"enabled": False, "ram_mib": s.preempt_ram_mib, "policy": s.preempt_policy,
+                        "async": False, "notices": True, "granularity": self.config.pool.page_size},
+        }
+
+    def stats(self) -> EngineStats:
+        if self._engine is None:
+            return EngineStats(kv_cells_total=self.config.pool.kv_cells)
+        return replace(self._engine.stats)
+
+    def drain_observations(self) -> dict[str, list[float]]:
+        if self._engine is None:
+            return {}
+        return self._engine.observations.drain()
+
+    # ----------------------------------------------------------------- engine thread
+    def _main(self) -> None:
+        try:
+            self._engine = LLMEngine(self.config)
+        except Exception as e:
+            log.exception("loading the model failed")
+            self.load_error = f"{type(e).__name__}: {e}"
+            return
+        self._slots = describe_slots(self._engine)
+        self.ready = True
+        while not self._stop.is_set():
+            self._drain_inbox()
+            if self._engine.has_work:
+                try:
+                    events = self._engine.step()
+                except Exception:
+                    log.exception("engine step failed; failing the requests in flight")
+                    events = self._fail_all()
+                self._dispatch(events)
+                self._slots = describe_slots(self._engine)
+            else:
+                self._slots = describe_slots(self._engine)
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+
+    def _drain_inbox(self) -> None:
+        assert self._engine is not None
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                request_id, prompt_ids, params = payload
+                try:
+                    self._engine.add_request(request_id, prompt_ids, params)
+                except RequestRejected as e:
+                    self._dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
+            elif kind == "abort":
+                self._engine.abort(payload)
+
+    def _fail_all(self) -> dict[str, list[StreamEvent]]:
+        assert self._engine is not None
+        failed: dict[str, list[StreamEvent]] = {}
+        for request_id in list(self._streams):
+            self._engine.abort(request_id)
+            failed[request_id] = [ErrorEvent("internal error while running the model", 500)]
+        return failed
+
+    def _dispatch(self, events: dict[str, list[StreamEvent]]) -> None:
+        for request_id, batch in events.items():
+            target = self._streams.get(request_id)
+            if target is None:
+                continue  # the client is gone; its abort is already queued
+            loop, q = target
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, batch)
+            except RuntimeError:
+                pass  # that event loop is closed

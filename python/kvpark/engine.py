@@ -1,0 +1,207 @@
+"""The synchronous engine: one step = schedule → run → sample → update → events.
+
+Only the thread that calls :meth:`LLMEngine.step` mutates the pool. ``AsyncEngine`` (async_engine.py)
+runs this loop on its own thread for the server; ``LLM`` (llm.py) drives it directly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+
+import torch
+
+from kvpark.config import EngineConfig
+from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent, TokenEvent, TokenLogprob
+from kvpark.output_text import TextStream
+from kvpark.plan import StepPlan
+from kvpark.request import Request, Sequence
+from kvpark.runner import Runner
+from kvpark.sampler import SampleRow, make_generator, sample_rows
+from kvpark.sampling import InvalidParameterError, SamplingParams
+from kvpark.scheduler import CONTEXT_ERROR, Scheduler
+from kvpark.stats import EngineStats, Observations
+
+
+class RequestRejected(Exception):
+    """A request refused before it runs; ``code`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, code: int = 400, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        self.kind = kind
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, runner: Runner | None = None) -> None:
+        self.config = config
+        self.runner = runner if runner is not None else Runner(config.model, config.pool)
+        self.tokenizer = self.runner.loaded.tokenizer
+        self.model_name = self.runner.loaded.name
+        self.vocab_size = self.runner.loaded.arch.vocab_size
+        limit = config.scheduler.max_model_len or self.runner.loaded.arch.max_position
+        self.max_model_len = min(limit, config.pool.kv_cells)
+        self.scheduler = Scheduler(config.pool, config.scheduler, self.max_model_len)
+        self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
+        self.observations = Observations()
+        self._requests: dict[str, Request] = {}
+        self._text: dict[tuple[str, int], TextStream] = {}
+        self._generators: dict[tuple[str, int], torch.Generator] = {}
+        self._seed_source = random.Random(config.seed)
+
+    # ----------------------------------------------------------------- admission
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise :class:`RequestRejected` for anything that would make this request fail later."""
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty", param="prompt")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size
+               for t in prompt_ids):
+            raise RequestRejected(f"invalid tokens: ids must be in [0, {self.vocab_size})",
+                                  param="prompt")
+        try:
+            params.validate(self.vocab_size)
+        except InvalidParameterError as e:
+            raise RequestRejected(str(e), param=e.param) from None
+        wanted = len(prompt_ids) + params.max_tokens
+        if wanted > self.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {wanted} tokens ({len(prompt_ids)} in the prompt, {params.max_tokens} "
+                "for the completion). Please reduce the prompt or the completion length.",
+                param="max_tokens", kind="exceed_context_size_error")
+        if params.n > self.config.scheduler.parallel:
+            raise RequestRejected(f"n must be at most {self.config.scheduler.parallel} (--parallel)",
+                                  param="n")
+        if len(self.scheduler.waiting) >= self.config.scheduler.max_waiting:
+            raise RequestRejected("the server is busy: the wait queue is full", code=503,
+                                  kind="unavailable_error")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Request:
+        if request_id in self._requests:
+            raise RequestRejected(f"duplicate request id {request_id!r}")
+        seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
+        req = Request(request_id, list(prompt_ids), params, seed)
+        self._requests[request_id] = req
+        for j in range(params.n):
+            self._generators[(request_id, j)] = make_generator(seed, j)
+            self._text[(request_id, j)] = TextStream(self.tokenizer, req.prompt_ids, params.stop,
+                                                     params.skip_special_tokens)
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        req = self._requests.get(request_id)
+        if req is None:
+            return False
+        self.scheduler.abort(request_id)
+        self._forget(req)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ----------------------------------------------------------------- one step
+    def step(self) -> dict[str, list[StreamEvent]]:
+        events: dict[str, list[StreamEvent]] = defaultdict(list)
+        plan, outcome = self.scheduler.schedule()
+        for req in outcome.failed:
+            self.scheduler.release(req)
+            events[req.request_id].append(ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error"))
+            self._forget(req)
+        if not plan.empty:
+            self._run(plan, events)
+        self.stats.steps_total += 1
+        self._refresh_gauges()
+        return events
+
+    def _run(self, plan: StepPlan, events: dict[str, list[StreamEvent]]) -> None:
+        logits = self.runner.execute(plan)
+        sampled = [item for item in plan.items if item.sample]
+        rows = []
+        for item in sampled:
+            req, seq = self.scheduler.by_seq[item.seq_id]
+            choices = range(req.params.n) if len(req.sequences) < req.params.n else [seq.index]
+            rows.append(SampleRow(req.params, [self._generators[(req.request_id, j)] for j in choices],
+                                  seq.output_ids))
+        draws = sample_rows(logits, rows) if rows else []
+        for item in plan.items:
+            _, seq = self.scheduler.by_seq[item.seq_id]
+            seq.num_computed = item.start + len(item.token_ids)
+        now = time.monotonic()
+        for item, drawn in zip(sampled, draws, strict=True):
+            req, seq = self.scheduler.by_seq[item.seq_id]
+            if len(req.sequences) < req.params.n:
+                try:
+                    self.scheduler.fork(req, [t for t, _ in drawn])
+                except Exception:  # no page for the copy-on-write: the request cannot go on
+                    self.scheduler.release(req)
+                    events[req.request_id].append(ErrorEvent(CONTEXT_ERROR, 500,
+                                                             "exceed_context_size_error"))
+                    self._forget(req)
+                    continue
+                targets = list(zip(req.sequences, drawn, strict=True))
+            else:
+                seq.tokens.append(drawn[0][0])
+                targets = [(seq, drawn[0])]
+            self._on_first_or_next_token(req, now)
+            for s, (token, logprob) in targets:
+                events[req.request_id].append(self._emit(req, s, token, logprob))
+            if req.finished:
+                events[req.request_id].append(self._finish(req, now))
+
+    def _on_first_or_next_token(self, req: Request, now: float) -> None:
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self.stats.prompt_tokens_total += len(req.prompt_ids)
+            self.observations.add("time_to_first_token_seconds", now - req.arrival)
+        elif req.last_token_time is not None:
+            self.observations.add("inter_token_latency_seconds", now - req.last_token_time)
+        req.last_token_time = now
+
+    def _emit(self, req: Request, seq: Sequence, token: int, logprob: TokenLogprob | None) -> TokenEvent:
+        self.stats.generated_tokens_total += 1
+        p = req.params
+        text_stream = self._text[(req.request_id, seq.index)]
+        reason: str | None = None
+        if (token in self.tokenizer.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            reason = "stop"
+            text = text_stream.finish()
+        else:
+            text, stopped = text_stream.push(token)
+            if stopped:
+                reason = "stop"
+            elif seq.num_output >= p.max_tokens or len(seq.tokens) >= self.max_model_len:
+                reason = "length"
+                text += text_stream.finish()
+        if reason is not None:
+            self.scheduler.finish_sequence(seq, reason)
+        return TokenEvent(seq.index, text, [token], [logprob] if logprob is not None else None,
+                          reason)
+
+    def _finish(self, req: Request, now: float) -> FinishedEvent:
+        self.scheduler.release(req)
+        self.stats.requests_finished_total += 1
+        first = req.first_token_time if req.first_token_time is not None else now
+        per_choice = [s.num_output for s in sorted(req.sequences, key=lambda s: s.index)]
+        event = FinishedEvent(
+            prompt_tokens=len(req.prompt_ids), completion_tokens=sum(per_choice),
+            prompt_ms=(first - req.arrival) * 1000.0, predicted_ms=(now - first) * 1000.0,
+            parks=req.parks, recomputes=req.recomputes, per_choice_tokens=per_choice)
+        self._forget(req)
+        return event
+
+    def _forget(self, req: Request) -> None:
+        self._requests.pop(req.request_id, None)
+        for j in range(req.params.n):
+            self._text.pop((req.request_id, j), None)
+            self._generators.pop((req.request_id, j), None)
+
+    def _refresh_gauges(self) -> None:
+        self.stats.requests_running = len(self.scheduler.running)
+        self.stats.requests_waiting = len(self.scheduler.waiting)
+        self.stats.kv_cells_used = self.scheduler.pool.cells_used()

@@ -1,0 +1,102 @@
+"""Offline generation: ``LLM(model=...).generate(prompts, params)`` and ``.chat(messages, params)``.
+
+Every prompt is submitted at once and the engine batches them continuously, exactly as the server does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvpark.config import EngineConfig
+from kvpark.engine import LLMEngine, RequestRejected
+from kvpark.outputs import ErrorEvent, FinishedEvent, TokenEvent, TokenLogprob
+from kvpark.sampling import SamplingParams
+
+Prompt = str | list[int]
+Message = dict[str, str]
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    choices: list[Choice]
+    error: str | None = None
+    finished: FinishedEvent | None = None
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_options: object) -> None:
+        self.engine = LLMEngine(EngineConfig.from_options(model=model, **engine_options))
+        self.tokenizer = self.engine.tokenizer
+        self._counter = 0
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate for each prompt (text or token ids); returns outputs in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p)
+                         for p in prompts]  # type: ignore[union-attr]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(token_prompts)
+        return self._run(token_prompts, list(params))
+
+    def chat(self, messages: list[Message] | Sequence[list[Message]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.encode(self.tokenizer.apply_chat_template(c),
+                                         add_special_tokens=False)
+                   for c in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, params)  # type: ignore[arg-type]
+
+    def _run(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
+        outputs: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for prompt, p in zip(prompts, params, strict=True):
+            self._counter += 1
+            rid = f"llm-{self._counter}"
+            order.append(rid)
+            out = RequestOutput(rid, prompt, [Choice(j) for j in range(p.n)])
+            outputs[rid] = out
+            try:
+                self.engine.check_request(prompt, p)
+                self.engine.add_request(rid, prompt, p)
+            except RequestRejected as e:
+                out.error = e.message
+        while self.engine.has_work:
+            for rid, events in self.engine.step().items():
+                out = outputs[rid]
+                for ev in events:
+                    if isinstance(ev, TokenEvent):
+                        choice = out.choices[ev.index]
+                        choice.text += ev.text
+                        choice.token_ids += ev.token_ids
+                        if ev.logprobs is not None:
+                            choice.logprobs = (choice.logprobs or []) + ev.logprobs
+                        choice.finish_reason = ev.finish_reason
+                    elif isinstance(ev, FinishedEvent):
+                        out.finished = ev
+                    elif isinstance(ev, ErrorEvent):
+                        out.error = ev.message
+        return [outputs[rid] for rid in order]

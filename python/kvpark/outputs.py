@@ -1,0 +1,60 @@
+"""What the engine streams back for a request: token events, park notices and a final record.
+
+These are plain data; the server turns them into OpenAI chunks and SSE comments. A request with
+``n`` choices emits events whose ``index`` is the choice (0..n-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the top-k alternatives (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New tokens of one choice since the last event (usually one token)."""
+
+    index: int
+    text: str  # detokenised delta: never half a UTF-8 character; stop strings already cut
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" on the choice's last event
+
+
+@dataclass(frozen=True)
+class NoticeEvent:
+    """A park or resume of the request (issue 3): ``kind`` is preempted, resumed or recomputed."""
+
+    kind: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    """Last event of a request: billing and timing for all of its choices."""
+
+    prompt_tokens: int  # the prompt the client sent, whatever was replayed
+    completion_tokens: int  # summed over choices
+    prompt_ms: float
+    predicted_ms: float
+    parks: int = 0
+    recomputes: int = 0
+    per_choice_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The request failed after it was accepted (e.g. the context error); ``code`` is the HTTP status."""
+
+    message: str
+    code: int = 500
+    kind: str = "server_error"
+
+
+StreamEvent = TokenEvent | NoticeEvent | FinishedEvent | ErrorEvent

@@ -1,0 +1,77 @@
+"""A request and its sequences: token bookkeeping only, no tensors.
+
+A request holds one prompt and ``n`` choices. While its prompt is being computed it has a single
+sequence; when the prompt's last row is sampled, the sequence forks into ``n`` (they share the prompt's
+pages). A sequence's *known* tokens are prompt + output; its *computed* tokens are those whose K and V
+sit in the pool. Every step moves computed tokens towards known ones — a prompt chunk, a decode token
+and (issue 3) a recompute replay are the same catch-up.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from kvpark.sampling import SamplingParams
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"  # admitted to the queue, holds no cells
+    RUNNING = "running"  # holds cells; prefill or decode
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """One choice of a request; ``seq_id`` is its id in the Rust pool."""
+
+    seq_id: int
+    index: int  # choice index, 0..n-1
+    prompt_len: int
+    tokens: list[int]  # prompt followed by output, shared prompt list copied at fork
+    num_computed: int = 0
+    finish_reason: str | None = None
+    output_text_len: int = 0  # characters already streamed (for stop strings)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def pending_rows(self) -> int:
+        """Known tokens whose K and V are not in the pool yet."""
+        return len(self.tokens) - self.num_computed
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # the effective seed: params.seed or one drawn by the engine
+    arrival: float = field(default_factory=time.monotonic)
+    state: RequestState = RequestState.WAITING
+    sequences: list[Sequence] = field(default_factory=list)
+    first_token_time: float | None = None
+    prefill_done_time: float | None = None
+    last_token_time: float | None = None
+    parks: int = 0
+    recomputes: int = 0
+    error: str | None = None
+
+    @property
+    def live_sequences(self) -> list[Sequence]:
+        return [s for s in self.sequences if not s.finished]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.sequences) and all(s.finished for s in self.sequences)

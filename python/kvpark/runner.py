@@ -1,0 +1,76 @@
+"""Owns the model and the KV tensors, and runs one step: plan in, logits of the sampled rows out.
+
+KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for V (see ``ops/kv_cache.py``);
+a page id from the Rust pool indexes the first dimension directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from kvpark.batch import build_step_tensors
+from kvpark.config import ModelConfig, PoolConfig
+from kvpark.model.loader import LoadedModel, load_model
+from kvpark.ops import OpSet
+from kvpark.ops.kv_cache import KVCache
+from kvpark.plan import StepPlan
+
+log = logging.getLogger("kvpark.runner")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # bf16 halves the bytes every decode step reads; CPUs without native bf16 are faster in fp32
+        if device.type == "cuda" or _cpu_has_bf16():
+            return torch.bfloat16
+        return torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return table[name]
+
+
+def _cpu_has_bf16() -> bool:
+    probe = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    return probe is not None and "AVX512" in str(probe())
+
+
+class Runner:
+    def __init__(self, model_config: ModelConfig, pool_config: PoolConfig) -> None:
+        if model_config.threads > 0:
+            torch.set_num_threads(model_config.threads)
+        self.device = resolve_device(model_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        started = time.perf_counter()
+        self.loaded: LoadedModel = load_model(model_config.model, self.dtype, self.device)
+        log.info("model %s loaded in %.1f s (%s on %s)", self.loaded.name,
+                 time.perf_counter() - started, self.dtype, self.device)
+        self.page_size = pool_config.page_size
+        self.kv = KVCache.allocate(self.loaded.arch, pool_config.kv_cells // self.page_size,
+                                   self.page_size, self.dtype, self.device)
+        self.ops = OpSet.default()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run the plan's rows; returns logits [sampled rows, vocab] in float32."""
+        if plan.page_copies:
+            self.kv.copy_pages(plan.page_copies)
+        step = build_step_tensors(plan, self.page_size, self.device)
+        logits: torch.Tensor = self.loaded.model(
+            step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, self.ops
+        )
+        return logits

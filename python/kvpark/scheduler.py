@@ -1,0 +1,205 @@
+"""Chooses each step's rows: decodes first, then prompt chunks, then new requests, within the row budget.
+
+The scheduler owns the Rust pool (``kvpark._core.KvPool``) and never touches tensors. Its output is a
+:class:`~kvpark.plan.StepPlan` of plain data. There is no prefill or decode phase: every sequence's computed
+tokens catch up with its known tokens, a decode being a catch-up of one row.
+
+Slots: a request takes ``n`` slots (one per choice) from admission until it finishes. Admission is FIFO and
+nobody passes a head that does not fit yet.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvpark._core import KvPool, PoolFullError
+from kvpark.config import PoolConfig, SchedulerConfig
+from kvpark.plan import StepItem, StepPlan
+from kvpark.request import Request, RequestState, Sequence
+
+CONTEXT_ERROR = "Context size has been exceeded."
+
+
+@dataclass
+class StepOutcome:
+    """What scheduling decided besides the plan: requests that cannot continue."""
+
+    failed: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, pool_config: PoolConfig, config: SchedulerConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.pool = KvPool(pool_config.kv_cells, pool_config.page_size)
+        self.page_size = pool_config.page_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.slot_of: dict[int, int] = {}  # seq_id -> slot id
+        self._free_slots = list(range(config.parallel - 1, -1, -1))
+        self._next_seq_id = 1
+        self._pending_copies: list[tuple[int, int]] = []
+        self.by_seq: dict[int, tuple[Request, Sequence]] = {}  # every sequence of a running request
+
+    # ----------------------------------------------------------------- requests in and out
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        for req in self.waiting:
+            if req.request_id == request_id:
+                self.waiting.remove(req)
+                req.state = RequestState.FINISHED
+                return req
+        for req in self.running:
+            if req.request_id == request_id:
+                self.release(req)
+                return req
+        return None
+
+    def release(self, request: Request) -> None:
+        """Give back every cell and slot of a request (finished, failed or aborted)."""
+        for seq in request.sequences:
+            self._drop_sequence(seq)
+            self.by_seq.pop(seq.seq_id, None)
+        if request in self.running:
+            self.running.remove(request)
+        request.state = RequestState.FINISHED
+
+    def finish_sequence(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self._drop_sequence(seq)
+
+    def _drop_sequence(self, seq: Sequence) -> None:
+        if self.pool.has_sequence(seq.seq_id):
+            self.pool.free_sequence(seq.seq_id)
+        slot = self.slot_of.pop(seq.seq_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def free_slot_count(self) -> int:
+        return len(self._free_slots)
+
+    def _slots_promised(self) -> int:
+        """Slots that admitted ``n > 1`` requests will take when their prompt forks."""
+        return sum(r.params.n - len(r.sequences) for r in self.running)
+
+    # ----------------------------------------------------------------- one step
+    def schedule(self) -> tuple[StepPlan, StepOutcome]:
+        outcome = StepOutcome()
+        budget = self.config.max_batch_tokens
+        items: list[StepItem] = []
+        # 1. decodes: one row for every sequence whose prompt is computed
+        for req in list(self.running):
+            for seq in req.live_sequences:
+                if seq.pending_rows == 1 and seq.num_computed >= seq.prompt_len - 1 and budget > 0:
+                    if not self._reserve(seq, 1):
+                        outcome.failed.append(req)
+                        self.release(req)
+                        break
+                    items.append(self._item(seq, 1))
+                    budget -= 1
+        # 2. prompt chunks of admitted requests, oldest first
+        for req in self.running:
+            seq = req.sequences[0]
+            if budget <= 0:
+                break
+            if len(req.sequences) == 1 and seq.pending_rows > 1 and not seq.finished:
+                rows = self._fit_rows(seq, min(seq.pending_rows, budget))
+                if rows > 0:
+                    items.append(self._item(seq, rows))
+                    budget -= rows
+        # 3. admission, FIFO: a head that does not fit blocks the queue
+        while self.waiting and budget > 0:
+            req = self.waiting[0]
+            if req.params.n > self.free_slot_count - self._slots_promised():
+                break
+            rows = min(len(req.prompt_ids), budget)
+            if not self._admission_fits(rows):
+                if not self.running and not items:
+                    self.waiting.popleft()
+                    outcome.failed.append(req)  # cannot fit even an empty pool
+                    continue
+                break
+            self.waiting.popleft()
+            seq = self._new_sequence(req, index=0, tokens=list(req.prompt_ids))
+            req.sequences = [seq]
+            req.state = RequestState.RUNNING
+            self.running.append(req)
+            rows = self._fit_rows(seq, rows)
+            items.append(self._item(seq, rows))
+            budget -= rows
+        return self._export(items), outcome
+
+    def _admission_fits(self, rows: int) -> bool:
+        # keep a page of headroom for every decoding sequence, so admitting does not starve them
+        decoding = sum(len(r.live_sequences) for r in self.running)
+        pages = -(-rows // self.page_size) + decoding
+        return self.pool.can_fit(pages * self.page_size)
+
+    def _reserve(self, seq: Sequence, rows: int) -> bool:
+        try:
+            self.pool.reserve(seq.seq_id, seq.num_computed + rows)
+        except PoolFullError:
+            return False
+        return True
+
+    def _fit_rows(self, seq: Sequence, rows: int) -> int:
+        """Reserve cells for up to ``rows`` rows of ``seq``; returns how many rows got cells."""
+        if self._reserve(seq, rows):
+            return rows
+        spare = self.pool.cells_free() + self._tail_room(seq)
+        rows = min(rows, spare)
+        if rows > 0 and self._reserve(seq, rows):
+            return rows
+        return 0
+
+    def _tail_room(self, seq: Sequence) -> int:
+        held = self.pool.seq_len(seq.seq_id)
+        return (-held) % self.page_size
+
+    def _item(self, seq: Sequence, rows: int) -> StepItem:
+        start = seq.num_computed
+        end = start + rows
+        return StepItem(seq.seq_id, start, seq.tokens[start:end], sample=end == len(seq.tokens))
+
+    def _export(self, items: list[StepItem]) -> StepPlan:
+        copies, self._pending_copies = self._pending_copies, []
+        if not items:
+            return StepPlan([], [], [], copies)
+        slot_mapping, tables = self.pool.export_step(
+            [i.seq_id for i in items], [i.start for i in items], [len(i.token_ids) for i in items]
+        )
+        return StepPlan(items, slot_mapping, tables, copies)
+
+    # ----------------------------------------------------------------- sequences
+    def _new_sequence(self, req: Request, index: int, tokens: list[int]) -> Sequence:
+        seq = Sequence(self._next_seq_id, index, len(req.prompt_ids), tokens)
+        self._next_seq_id += 1
+        self.pool.add_sequence(seq.seq_id)
+        self.slot_of[seq.seq_id] = self._free_slots.pop()
+        self.by_seq[seq.seq_id] = (req, seq)
+        return seq
+
+    def fork(self, req: Request, first_tokens: list[int]) -> None:
+        """After the prompt's last row is drawn ``n`` times: choice j continues with first_tokens[j].
+
+        The children share the prompt's full pages; a partly used last page is copied (the copies run
+        before the next step's rows are stored).
+        """
+        parent = req.sequences[0]
+        for j, token in enumerate(first_tokens[1:], start=1):
+            child = Sequence(self._next_seq_id, j, parent.prompt_len, parent.tokens + [token])
+            self._next_seq_id += 1
+            self._pending_copies += self.pool.fork(parent.seq_id, child.seq_id)
+            child.num_computed = parent.num_computed
+            self.slot_of[child.seq_id] = self._free_slots.pop()
+            self.by_seq[child.seq_id] = (req, child)
+            req.sequences.append(child)
+        parent.tokens.append(first_tokens[0])
