@@ -9,7 +9,9 @@ from kvpark.sampling import SamplingParams
 from kvpark.scheduler import Scheduler
 
 
-def make(kv_cells: int = 256, page_size: int = 16, parallel: int = 4, budget: int = 32) -> Scheduler:
+def make(
+    kv_cells: int = 256, page_size: int = 16, parallel: int = 4, budget: int = 32
+) -> Scheduler:
     return Scheduler(
         PoolConfig(kv_cells=kv_cells, page_size=page_size),
         SchedulerConfig(parallel=parallel, max_batch_tokens=budget),
@@ -18,7 +20,9 @@ def make(kv_cells: int = 256, page_size: int = 16, parallel: int = 4, budget: in
 
 
 def request(rid: str, prompt_len: int, n: int = 1, max_tokens: int = 8) -> Request:
-    return Request(rid, list(range(1, prompt_len + 1)), SamplingParams(n=n, max_tokens=max_tokens), 0)
+    return Request(
+        rid, list(range(1, prompt_len + 1)), SamplingParams(n=n, max_tokens=max_tokens), 0
+    )
 
 
 def advance(sched: Scheduler, plan: StepPlan, token: int = 7) -> None:

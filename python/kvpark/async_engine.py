@@ -7,17 +7,19 @@
         ▲                                        │
         └──── per-request asyncio.Queue ◄────────┘ loop.call_soon_threadsafe(put, events)
 
-Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees its
+Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees
+its
 cells at the start of the engine's next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -97,8 +99,9 @@ class AsyncEngine:
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         self.engine.check_request(prompt_ids, params)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[StreamEvent]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamEvent]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[list[StreamEvent]] = asyncio.Queue()
         if request_id in self._streams:
@@ -133,11 +136,20 @@ class AsyncEngine:
         return {
             "model": self.model_name if self.ready else None,
             "max_model_len": self.max_model_len if self.ready else None,
-            "pool": {"kv_cells": self.config.pool.kv_cells, "page_size": self.config.pool.page_size,
-                     "parallel": s.parallel},
+            "pool": {
+                "kv_cells": self.config.pool.kv_cells,
+                "page_size": self.config.pool.page_size,
+                "parallel": s.parallel,
+            },
             "exact": False,
-            "preempt": {"enabled": False, "ram_mib": s.preempt_ram_mib, "policy": s.preempt_policy,
-                        "async": False, "notices": True, "granularity": self.config.pool.page_size},
+            "preempt": {
+                "enabled": False,
+                "ram_mib": s.preempt_ram_mib,
+                "policy": s.preempt_policy,
+                "async": False,
+                "notices": True,
+                "granularity": self.config.pool.page_size,
+            },
         }
 
     def stats(self) -> EngineStats:
@@ -205,7 +217,5 @@ class AsyncEngine:
             if target is None:
                 continue  # the client is gone; its abort is already queued
             loop, q = target
-            try:
+            with contextlib.suppress(RuntimeError):  # that event loop is closed
                 loop.call_soon_threadsafe(q.put_nowait, batch)
-            except RuntimeError:
-                pass  # that event loop is closed

@@ -1,7 +1,9 @@
 """Frozen configuration, one dataclass per layer; each layer receives only its own.
 
-``EngineConfig`` bundles the layers below the server. The command line (``cli.py``) fills these from flags
-and ``KVPARK_<NAME>`` environment variables; the Python API takes the same names as keyword arguments.
+``EngineConfig`` bundles the layers below the server. The command line (``cli.py``) fills these from
+flags
+and ``KVPARK_<NAME>`` environment variables; the Python API takes the same names as keyword
+arguments.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class EngineConfig:
 
     @classmethod
     def from_options(cls, **options: object) -> EngineConfig:
-        """Build from flat keyword options (``kv_cells=2048, dtype="float32"``), as ``kvpark.LLM`` does."""
+        """Build from flat keyword options (``kv_cells=2048, dtype="float32"``), as ``kvpark.LLM``
+        does.
+        """
         parts: dict[str, dict[str, object]] = {"model": {}, "pool": {}, "scheduler": {}}
         layer_fields = {
             "model": ModelConfig.__dataclass_fields__,

@@ -1,6 +1,7 @@
 """The synchronous engine: one step = schedule → run → sample → update → events.
 
-Only the thread that calls :meth:`LLMEngine.step` mutates the pool. ``AsyncEngine`` (async_engine.py)
+Only the thread that calls :meth:`LLMEngine.step` mutates the pool. ``AsyncEngine``
+(async_engine.py)
 runs this loop on its own thread for the server; ``LLM`` (llm.py) drives it directly.
 """
 
@@ -13,8 +14,8 @@ from collections import defaultdict
 import torch
 
 from kvpark.config import EngineConfig
-from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent, TokenEvent, TokenLogprob
 from kvpark.output_text import TextStream
+from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent, TokenEvent, TokenLogprob
 from kvpark.plan import StepPlan
 from kvpark.request import Request, Sequence
 from kvpark.runner import Runner
@@ -27,8 +28,13 @@ from kvpark.stats import EngineStats, Observations
 class RequestRejected(Exception):
     """A request refused before it runs; ``code`` is the HTTP status to answer with."""
 
-    def __init__(self, message: str, code: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int = 400,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -58,10 +64,13 @@ class LLMEngine:
         """Raise :class:`RequestRejected` for anything that would make this request fail later."""
         if not prompt_ids:
             raise RequestRejected("the prompt is empty", param="prompt")
-        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size
-               for t in prompt_ids):
-            raise RequestRejected(f"invalid tokens: ids must be in [0, {self.vocab_size})",
-                                  param="prompt")
+        if any(
+            not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size
+            for t in prompt_ids
+        ):
+            raise RequestRejected(
+                f"invalid tokens: ids must be in [0, {self.vocab_size})", param="prompt"
+            )
         try:
             params.validate(self.vocab_size)
         except InvalidParameterError as e:
@@ -72,15 +81,21 @@ class LLMEngine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {wanted} tokens ({len(prompt_ids)} in the prompt, {params.max_tokens} "
                 "for the completion). Please reduce the prompt or the completion length.",
-                param="max_tokens", kind="exceed_context_size_error")
+                param="max_tokens",
+                kind="exceed_context_size_error",
+            )
         if params.n > self.config.scheduler.parallel:
-            raise RequestRejected(f"n must be at most {self.config.scheduler.parallel} (--parallel)",
-                                  param="n")
+            raise RequestRejected(
+                f"n must be at most {self.config.scheduler.parallel} (--parallel)", param="n"
+            )
         if len(self.scheduler.waiting) >= self.config.scheduler.max_waiting:
-            raise RequestRejected("the server is busy: the wait queue is full", code=503,
-                                  kind="unavailable_error")
+            raise RequestRejected(
+                "the server is busy: the wait queue is full", code=503, kind="unavailable_error"
+            )
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Request:
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+    ) -> Request:
         if request_id in self._requests:
             raise RequestRejected(f"duplicate request id {request_id!r}")
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
@@ -88,8 +103,9 @@ class LLMEngine:
         self._requests[request_id] = req
         for j in range(params.n):
             self._generators[(request_id, j)] = make_generator(seed, j)
-            self._text[(request_id, j)] = TextStream(self.tokenizer, req.prompt_ids, params.stop,
-                                                     params.skip_special_tokens)
+            self._text[(request_id, j)] = TextStream(
+                self.tokenizer, req.prompt_ids, params.stop, params.skip_special_tokens
+            )
         self.scheduler.add(req)
         return req
 
@@ -111,7 +127,9 @@ class LLMEngine:
         plan, outcome = self.scheduler.schedule()
         for req in outcome.failed:
             self.scheduler.release(req)
-            events[req.request_id].append(ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error"))
+            events[req.request_id].append(
+                ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error")
+            )
             self._forget(req)
         if not plan.empty:
             self._run(plan, events)
@@ -126,8 +144,13 @@ class LLMEngine:
         for item in sampled:
             req, seq = self.scheduler.by_seq[item.seq_id]
             choices = range(req.params.n) if len(req.sequences) < req.params.n else [seq.index]
-            rows.append(SampleRow(req.params, [self._generators[(req.request_id, j)] for j in choices],
-                                  seq.output_ids))
+            rows.append(
+                SampleRow(
+                    req.params,
+                    [self._generators[(req.request_id, j)] for j in choices],
+                    seq.output_ids,
+                )
+            )
         draws = sample_rows(logits, rows) if rows else []
         for item in plan.items:
             _, seq = self.scheduler.by_seq[item.seq_id]
@@ -140,8 +163,9 @@ class LLMEngine:
                     self.scheduler.fork(req, [t for t, _ in drawn])
                 except Exception:  # no page for the copy-on-write: the request cannot go on
                     self.scheduler.release(req)
-                    events[req.request_id].append(ErrorEvent(CONTEXT_ERROR, 500,
-                                                             "exceed_context_size_error"))
+                    events[req.request_id].append(
+                        ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error")
+                    )
                     self._forget(req)
                     continue
                 targets = list(zip(req.sequences, drawn, strict=True))
@@ -163,7 +187,9 @@ class LLMEngine:
             self.observations.add("inter_token_latency_seconds", now - req.last_token_time)
         req.last_token_time = now
 
-    def _emit(self, req: Request, seq: Sequence, token: int, logprob: TokenLogprob | None) -> TokenEvent:
+    def _emit(
+        self, req: Request, seq: Sequence, token: int, logprob: TokenLogprob | None
+    ) -> TokenEvent:
         self.stats.generated_tokens_total += 1
         p = req.params
         text_stream = self._text[(req.request_id, seq.index)]
@@ -180,8 +206,9 @@ class LLMEngine:
                 text += text_stream.finish()
         if reason is not None:
             self.scheduler.finish_sequence(seq, reason)
-        return TokenEvent(seq.index, text, [token], [logprob] if logprob is not None else None,
-                          reason)
+        return TokenEvent(
+            seq.index, text, [token], [logprob] if logprob is not None else None, reason
+        )
 
     def _finish(self, req: Request, now: float) -> FinishedEvent:
         self.scheduler.release(req)
@@ -189,9 +216,14 @@ class LLMEngine:
         first = req.first_token_time if req.first_token_time is not None else now
         per_choice = [s.num_output for s in sorted(req.sequences, key=lambda s: s.index)]
         event = FinishedEvent(
-            prompt_tokens=len(req.prompt_ids), completion_tokens=sum(per_choice),
-            prompt_ms=(first - req.arrival) * 1000.0, predicted_ms=(now - first) * 1000.0,
-            parks=req.parks, recomputes=req.recomputes, per_choice_tokens=per_choice)
+            prompt_tokens=len(req.prompt_ids),
+            completion_tokens=sum(per_choice),
+            prompt_ms=(first - req.arrival) * 1000.0,
+            predicted_ms=(now - first) * 1000.0,
+            parks=req.parks,
+            recomputes=req.recomputes,
+            per_choice_tokens=per_choice,
+        )
         self._forget(req)
         return event
 

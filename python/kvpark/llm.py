@@ -1,6 +1,7 @@
 """Offline generation: ``LLM(model=...).generate(prompts, params)`` and ``.chat(messages, params)``.
 
-Every prompt is submitted at once and the engine batches them continuously, exactly as the server does.
+Every prompt is submitted at once and the engine batches them continuously, exactly as the server
+does.
 """
 
 from __future__ import annotations
@@ -49,26 +50,38 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Generate for each prompt (text or token ids); returns outputs in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p)
-                         for p in prompts]  # type: ignore[union-attr]
+        batch: list[Prompt]
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            batch = [prompts]  # type: ignore[list-item]
+        else:
+            batch = list(prompts)  # type: ignore[arg-type]
+        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(token_prompts)
         return self._run(token_prompts, list(params))
 
-    def chat(self, messages: list[Message] | Sequence[list[Message]],
-             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[Message] | Sequence[list[Message]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.encode(self.tokenizer.apply_chat_template(c),
-                                         add_special_tokens=False)
-                   for c in conversations]  # type: ignore[arg-type]
-        return self.generate(prompts, params)  # type: ignore[arg-type]
+        conversations: list[list[Message]]
+        if messages and isinstance(messages[0], dict):
+            conversations = [messages]  # type: ignore[list-item]
+        else:
+            conversations = list(messages)  # type: ignore[arg-type]
+        prompts: list[Prompt] = [
+            self.tokenizer.encode(self.tokenizer.apply_chat_template(c), add_special_tokens=False)
+            for c in conversations  # type: ignore[arg-type]
+        ]
+        return self.generate(prompts, params)
 
     def _run(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
         outputs: dict[str, RequestOutput] = {}

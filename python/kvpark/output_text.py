@@ -11,8 +11,13 @@ from kvpark.model.tokenizer import Tokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], stop: tuple[str, ...],
-                 skip_special_tokens: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int],
+        stop: tuple[str, ...],
+        skip_special_tokens: bool,
+    ) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
         self._stop = stop
         self._text = ""

@@ -50,7 +50,7 @@ class FinishedEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
-    """The request failed after it was accepted (e.g. the context error); ``code`` is the HTTP status."""
+    """The request failed after it was accepted (the context error, say); ``code``: HTTP status."""
 
     message: str
     code: int = 500

@@ -1,4 +1,5 @@
-"""The plain data a scheduler step hands to the runner: which rows of which sequences, on which cells.
+"""The plain data a scheduler step hands to the runner: which rows of which sequences, on which
+cells.
 
 No tensors here; ``batch.py`` is the one place this becomes tensors.
 """

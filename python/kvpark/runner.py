@@ -1,6 +1,7 @@
 """Owns the model and the KV tensors, and runs one step: plan in, logits of the sampled rows out.
 
-KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for V (see ``ops/kv_cache.py``);
+KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for V (see
+``ops/kv_cache.py``);
 a page id from the Rust pool indexes the first dimension directly.
 """
 
@@ -33,8 +34,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         if device.type == "cuda" or _cpu_has_bf16():
             return torch.bfloat16
         return torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
     return table[name]
@@ -53,11 +60,21 @@ class Runner:
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         started = time.perf_counter()
         self.loaded: LoadedModel = load_model(model_config.model, self.dtype, self.device)
-        log.info("model %s loaded in %.1f s (%s on %s)", self.loaded.name,
-                 time.perf_counter() - started, self.dtype, self.device)
+        log.info(
+            "model %s loaded in %.1f s (%s on %s)",
+            self.loaded.name,
+            time.perf_counter() - started,
+            self.dtype,
+            self.device,
+        )
         self.page_size = pool_config.page_size
-        self.kv = KVCache.allocate(self.loaded.arch, pool_config.kv_cells // self.page_size,
-                                   self.page_size, self.dtype, self.device)
+        self.kv = KVCache.allocate(
+            self.loaded.arch,
+            pool_config.kv_cells // self.page_size,
+            self.page_size,
+            self.dtype,
+            self.device,
+        )
         self.ops = OpSet.default()
 
     @property

@@ -1,8 +1,10 @@
 """Turns a step's logits into tokens, one row at a time, each with its own generator.
 
-Order of processing, as vLLM and llama.cpp apply it: presence/frequency penalties, temperature, top-k,
+Order of processing, as vLLM and llama.cpp apply it: presence/frequency penalties, temperature,
+top-k,
 top-p, min-p, then a draw from the request's own ``torch.Generator``. Greedy rows take the argmax.
-Logprobs are those of the model's raw distribution (log-softmax of the logits before any processing),
+Logprobs are those of the model's raw distribution (log-softmax of the logits before any
+processing),
 as the OpenAI API reports them.
 
 Each row is processed on its own, so its result never depends on which other rows share the step.
@@ -32,8 +34,10 @@ def make_generator(seed: int, choice: int) -> torch.Generator:
     return g
 
 
-def sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> list[list[tuple[int, TokenLogprob | None]]]:
-    """``logits`` [S, vocab] float32 on any device; returns per row the drawn (token, logprob) pairs."""
+def sample_rows(
+    logits: torch.Tensor, rows: list[SampleRow]
+) -> list[list[tuple[int, TokenLogprob | None]]]:
+    """``logits`` [S, vocab] on any device; returns per row the drawn (token, logprob) pairs."""
     logits = logits.float()
     results: list[list[tuple[int, TokenLogprob | None]]] = []
     greedy_argmax: list[int] | None = None

@@ -1,10 +1,14 @@
-"""Chooses each step's rows: decodes first, then prompt chunks, then new requests, within the row budget.
+"""Chooses each step's rows: decodes first, then prompt chunks, then new requests, within the row
+budget.
 
-The scheduler owns the Rust pool (``kvpark._core.KvPool``) and never touches tensors. Its output is a
-:class:`~kvpark.plan.StepPlan` of plain data. There is no prefill or decode phase: every sequence's computed
+The scheduler owns the Rust pool (``kvpark._core.KvPool``) and never touches tensors. Its output is
+a
+:class:`~kvpark.plan.StepPlan` of plain data. There is no prefill or decode phase: every sequence's
+computed
 tokens catch up with its known tokens, a decode being a catch-up of one row.
 
-Slots: a request takes ``n`` slots (one per choice) from admission until it finishes. Admission is FIFO and
+Slots: a request takes ``n`` slots (one per choice) from admission until it finishes. Admission is
+FIFO and
 nobody passes a head that does not fit yet.
 """
 
@@ -29,7 +33,9 @@ class StepOutcome:
 
 
 class Scheduler:
-    def __init__(self, pool_config: PoolConfig, config: SchedulerConfig, max_model_len: int) -> None:
+    def __init__(
+        self, pool_config: PoolConfig, config: SchedulerConfig, max_model_len: int
+    ) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.pool = KvPool(pool_config.kv_cells, pool_config.page_size)
@@ -188,14 +194,16 @@ class Scheduler:
         return seq
 
     def fork(self, req: Request, first_tokens: list[int]) -> None:
-        """After the prompt's last row is drawn ``n`` times: choice j continues with first_tokens[j].
+        """After the prompt's last row is drawn ``n`` times: choice j continues with
+        first_tokens[j].
 
-        The children share the prompt's full pages; a partly used last page is copied (the copies run
+        The children share the prompt's full pages; a partly used last page is copied (the copies
+        run
         before the next step's rows are stored).
         """
         parent = req.sequences[0]
         for j, token in enumerate(first_tokens[1:], start=1):
-            child = Sequence(self._next_seq_id, j, parent.prompt_len, parent.tokens + [token])
+            child = Sequence(self._next_seq_id, j, parent.prompt_len, [*parent.tokens, token])
             self._next_seq_id += 1
             self._pending_copies += self.pool.fork(parent.seq_id, child.seq_id)
             child.num_computed = parent.num_computed

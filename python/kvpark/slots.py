@@ -31,6 +31,16 @@ def describe_slots(engine: LLMEngine) -> list[dict[str, object]]:
 
 
 def _idle(slot: int) -> dict[str, object]:
-    return {"id": slot, "state": "idle", "is_processing": False, "is_preempted": False,
-            "is_transferring": False, "n_preempt": 0, "n_recompute": 0, "n_prompt_tokens": 0,
-            "n_cells": 0, "n_decoded": 0, "request_id": None}
+    return {
+        "id": slot,
+        "state": "idle",
+        "is_processing": False,
+        "is_preempted": False,
+        "is_transferring": False,
+        "n_preempt": 0,
+        "n_recompute": 0,
+        "n_prompt_tokens": 0,
+        "n_cells": 0,
+        "n_decoded": 0,
+        "request_id": None,
+    }

@@ -1,4 +1,5 @@
-"""Engine counters and latency samples, read by the server's /metrics without touching the engine thread.
+"""Engine counters and latency samples, read by the server's /metrics without touching the engine
+thread.
 
 Counters only grow; gauges are computed on demand. Latency samples queue up until ``drain()``.
 """
