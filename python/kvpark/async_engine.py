@@ -8,8 +8,7 @@
         └──── per-request asyncio.Queue ◄────────┘ loop.call_soon_threadsafe(put, events)
 
 Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees
-its
-cells at the start of the engine's next step.
+its cells at the start of the engine's next step.
 """
 
 from __future__ import annotations

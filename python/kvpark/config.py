@@ -1,8 +1,7 @@
 """Frozen configuration, one dataclass per layer; each layer receives only its own.
 
 ``EngineConfig`` bundles the layers below the server. The command line (``cli.py``) fills these from
-flags
-and ``KVPARK_<NAME>`` environment variables; the Python API takes the same names as keyword
+flags and ``KVPARK_<NAME>`` environment variables; the Python API takes the same names as keyword
 arguments.
 """
 

@@ -1,8 +1,8 @@
 """The synchronous engine: one step = schedule → run → sample → update → events.
 
 Only the thread that calls :meth:`LLMEngine.step` mutates the pool. ``AsyncEngine``
-(async_engine.py)
-runs this loop on its own thread for the server; ``LLM`` (llm.py) drives it directly.
+(async_engine.py) runs this loop on its own thread for the server; ``LLM`` (llm.py) drives it
+directly.
 """
 
 from __future__ import annotations

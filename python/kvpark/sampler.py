@@ -1,11 +1,9 @@
 """Turns a step's logits into tokens, one row at a time, each with its own generator.
 
 Order of processing, as vLLM and llama.cpp apply it: presence/frequency penalties, temperature,
-top-k,
-top-p, min-p, then a draw from the request's own ``torch.Generator``. Greedy rows take the argmax.
-Logprobs are those of the model's raw distribution (log-softmax of the logits before any
-processing),
-as the OpenAI API reports them.
+top-k, top-p, min-p, then a draw from the request's own ``torch.Generator``. Greedy rows take the
+argmax. Logprobs are those of the model's raw distribution (log-softmax of the logits before any
+processing), as the OpenAI API reports them.
 
 Each row is processed on its own, so its result never depends on which other rows share the step.
 """

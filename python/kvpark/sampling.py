@@ -1,8 +1,7 @@
 """Sampling parameters and their validation.
 
 Every request carries its own seeded ``torch.Generator`` (built by the engine from ``seed``), so
-nothing
-that happens to other requests — batching, parks, replays — can move its random stream.
+nothing that happens to other requests — batching, parks, replays — can move its random stream.
 """
 
 from __future__ import annotations

@@ -2,14 +2,11 @@
 budget.
 
 The scheduler owns the Rust pool (``kvpark._core.KvPool``) and never touches tensors. Its output is
-a
-:class:`~kvpark.plan.StepPlan` of plain data. There is no prefill or decode phase: every sequence's
-computed
-tokens catch up with its known tokens, a decode being a catch-up of one row.
+a :class:`~kvpark.plan.StepPlan` of plain data. There is no prefill or decode phase: every
+sequence's computed tokens catch up with its known tokens, a decode being a catch-up of one row.
 
 Slots: a request takes ``n`` slots (one per choice) from admission until it finishes. Admission is
-FIFO and
-nobody passes a head that does not fit yet.
+FIFO and nobody passes a head that does not fit yet.
 """
 
 from __future__ import annotations
@@ -198,8 +195,7 @@ class Scheduler:
         first_tokens[j].
 
         The children share the prompt's full pages; a partly used last page is copied (the copies
-        run
-        before the next step's rows are stored).
+        run before the next step's rows are stored).
         """
         parent = req.sequences[0]
         for j, token in enumerate(first_tokens[1:], start=1):
