@@ -1,0 +1,9 @@
+"""``python -m kvpark``: the same command line as ``kvpark``."""
+
+from __future__ import annotations
+
+import sys
+
+from kvpark.cli import main
+
+sys.exit(main())

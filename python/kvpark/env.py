@@ -1,0 +1,98 @@
+"""Every ``KVPARK_*`` environment variable, in one table.
+
+Two kinds: each ``kvpark serve`` flag has a mirror ``KVPARK_<NAME>`` (``--kv-cells`` ->
+``KVPARK_KV_CELLS``, ``--no-preempt`` -> ``KVPARK_NO_PREEMPT=1``; a flag on the command line wins
+over its variable), and the knobs below, which have no flag. The test knobs exist to make rare paths
+happen on demand in tests; they are documented as such and are never needed in production.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PREFIX = "KVPARK_"
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    help: str
+    test_only: bool = False
+
+
+KNOBS: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob(
+            "KVPARK_PREEMPT_EVERY",
+            "0",
+            "Park every generating request every N generated tokens, pressure or not (0: off).",
+            test_only=True,
+        ),
+        Knob(
+            "KVPARK_PREEMPT_FAIL_SAVE",
+            "0",
+            "1: every swap's host allocation fails, so every park falls back to recompute.",
+            test_only=True,
+        ),
+        Knob(
+            "KVPARK_PREEMPT_PLANNER",
+            "on",
+            "off: plan nothing ahead of a step; park only when a step actually fails to allocate.",
+            test_only=True,
+        ),
+        Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
+    )
+}
+
+
+def flag_env_name(flag: str) -> str:
+    """``--kv-cells`` -> ``KVPARK_KV_CELLS``."""
+    return PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """The variable's value, or its default from :data:`KNOBS`."""
+    env = os.environ if environ is None else environ
+    return env.get(name, KNOBS[name].default)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The test knobs, parsed once (the engine reads them at start)."""
+
+    preempt_every: int = 0
+    preempt_fail_save: bool = False
+    preempt_planner: bool = True
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Knobs:
+        every_text = raw("KVPARK_PREEMPT_EVERY", environ)
+        try:
+            every = int(every_text)
+        except ValueError:
+            raise ValueError(f"KVPARK_PREEMPT_EVERY={every_text!r} is not an integer") from None
+        if every < 0:
+            raise ValueError(f"KVPARK_PREEMPT_EVERY={every} must be >= 0")
+        planner = raw("KVPARK_PREEMPT_PLANNER", environ).strip().lower()
+        if planner not in ("on", "off"):
+            raise ValueError(f"KVPARK_PREEMPT_PLANNER={planner!r}: use on or off")
+        return cls(
+            preempt_every=every,
+            preempt_fail_save=parse_bool(raw("KVPARK_PREEMPT_FAIL_SAVE", environ)),
+            preempt_planner=planner == "on",
+        )

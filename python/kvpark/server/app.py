@@ -1,0 +1,272 @@
+"""HTTP routes: OpenAI completions and chat, tokenizer utilities, health, props, slots, metrics.
+
+The server never touches the pool or tensors: it parses, asks ``engine.check_request`` about every
+prompt of a request before generating any (so a refusal is a plain 4xx before anything streams or
+parks), then relays the engine's events. A client that goes away cancels its work, which aborts its
+engine requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kvpark.config import ServerConfig
+from kvpark.engine import RequestRejected
+from kvpark.outputs import ErrorEvent, FinishedEvent, TokenEvent
+from kvpark.server.auth import APIKeyMiddleware
+from kvpark.server.body import Fields, read_json
+from kvpark.server.disconnect import unless_disconnected
+from kvpark.server.errors import (
+    APIError,
+    api_error_response,
+    bad_request,
+    http_error_response,
+    internal_error_response,
+    log,
+)
+from kvpark.server.fanout import FanIn
+from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
+from kvpark.server.protocol import GenerationRequest, Kind, parse_chat, parse_completion
+from kvpark.server.responses import ResponseBuilder
+from kvpark.server.sse import SSEResponse, sse_frames
+
+if TYPE_CHECKING:
+    from kvpark.async_engine import AsyncEngine
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Routes:
+    """The handlers, bound to one engine and one server config."""
+
+    def __init__(self, engine: AsyncEngine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = ServerMetrics(engine)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def ready_engine(self) -> AsyncEngine:
+        if self.engine.load_error is not None:
+            raise APIError(500, f"the model failed to load: {self.engine.load_error}")
+        if not self.engine.ready:
+            raise APIError(503, "the model is loading", "unavailable_error")
+        return self.engine
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.engine.model_name
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.model_name, self.engine.model_name):
+            raise APIError(
+                404,
+                f"model {model!r} not found; this server serves {self.model_name!r}",
+                "not_found_error",
+                "model",
+            )
+
+    def preempt_enabled(self) -> bool:
+        """Whether responses carry the ``preempt`` record: preemption is on (not --no-preempt)."""
+        return self.engine.config.scheduler.preempt
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: Request, kind: Kind) -> Response:
+        engine = self.ready_engine()
+        body = await read_json(request, self.config.max_body_bytes)
+        self.check_model(Fields(body).string("model"))
+        parse = parse_chat if kind == "chat" else parse_completion
+        # Templates and tokenizing a long prompt take a while: off the event loop.
+        req = await run_in_threadpool(parse, body, engine.tokenizer, engine.max_model_len)
+        for prompt, params in zip(req.prompts, req.params, strict=True):
+            try:
+                engine.check_request(prompt, params)
+            except RequestRejected as exc:
+                raise APIError(exc.code, exc.message, exc.kind, exc.param) from None
+        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        builder = ResponseBuilder(
+            kind,
+            request_id,
+            self.model_name,
+            len(req.prompts),
+            req.n,
+            engine.tokenizer,
+            logprobs=req.params[0].logprobs is not None,
+            include_usage=req.include_usage,
+            with_preempt=self.preempt_enabled(),
+        )
+        fan_in = FanIn(engine.generate, req.prompts, req.params, request_id, RequestRejected)
+        if req.stream:
+            # An ASGI app like any Response, with its own disconnect handling.
+            return SSEResponse(self._stream(fan_in, builder, req))  # type: ignore[return-value]
+        result = await unless_disconnected(request.receive, _collect(fan_in, builder))
+        if result is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(result)
+
+    async def _stream(
+        self, fan_in: FanIn, builder: ResponseBuilder, req: GenerationRequest
+    ) -> AsyncGenerator[bytes, None]:
+        async with fan_in as events:
+            frames = sse_frames(
+                events, builder, self.config.sse_ping_interval, len(req.prompts) > 1
+            )
+            try:
+                async for frame in frames:
+                    yield frame
+            finally:
+                await frames.aclose()
+
+    # -- utilities ------------------------------------------------------------------------------
+
+    async def tokenize(self, request: Request) -> Response:
+        engine = self.ready_engine()
+        fields = Fields(await read_json(request, self.config.max_body_bytes))
+        content = fields.string("content")
+        if content is None:
+            raise bad_request("content must be a string", "content")
+        add_special = fields.boolean("add_special", False)
+        tokens = await run_in_threadpool(
+            engine.tokenizer.encode, content, add_special_tokens=add_special
+        )
+        if fields.boolean("with_pieces", False):
+            pieces = [{"id": t, "piece": engine.tokenizer.token_to_str(t)} for t in tokens]
+            return JSONResponse({"tokens": pieces})
+        return JSONResponse({"tokens": tokens})
+
+    async def detokenize(self, request: Request) -> Response:
+        engine = self.ready_engine()
+        tokens = (await read_json(request, self.config.max_body_bytes)).get("tokens")
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            raise bad_request("tokens must be a list of integers", "tokens")
+        bad = [t for t in tokens if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise bad_request(
+                f"invalid tokens: {bad[:8]} outside [0, {engine.vocab_size})", "tokens"
+            )
+        return JSONResponse({"content": engine.tokenizer.decode(tokens)})
+
+    async def health(self, request: Request) -> Response:
+        self.ready_engine()
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        self.ready_engine()
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        self.ready_engine()
+        self.check_model(request.path_params["model"])
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, object]:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvpark",
+            "max_model_len": self.engine.max_model_len,
+        }
+
+    async def props(self, request: Request) -> Response:
+        return JSONResponse(self.ready_engine().props())
+
+    async def slots(self, request: Request) -> Response:
+        return JSONResponse(self.ready_engine().slots())
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _collect(fan_in: FanIn, builder: ResponseBuilder) -> dict[str, object]:
+    """A non-streamed response: every event of every prompt, then the whole object."""
+    async with fan_in as events:
+        while (item := await events.next(None)) != "end":
+            assert not isinstance(item, str)
+            event = item.event
+            if isinstance(event, TokenEvent):
+                builder.on_tokens(item.prompt, event)
+            elif isinstance(event, FinishedEvent):
+                builder.on_finished(event)
+            elif isinstance(event, ErrorEvent):
+                raise APIError(event.code, event.message, event.kind)
+    return builder.response()
+
+
+def _guard(handler: Handler) -> Handler:
+    """Turn a bug in a handler into a logged 500, without Starlette re-raising it to the server."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError:
+            raise
+        except Exception as exc:
+            return await internal_error_response(request, exc)
+
+    return guarded
+
+
+def build_app(
+    engine: AsyncEngine, server_config: ServerConfig, start_engine: bool = True
+) -> Starlette:
+    """The ASGI app. With ``start_engine`` its lifespan starts the engine (the model loads in the
+    background; ``/health`` answers 503 until it is ready) and shuts it down at exit."""
+    r = Routes(engine, server_config)
+    routes = [
+        Route("/health", _guard(r.health), methods=["GET"]),
+        Route("/v1/models", _guard(r.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _guard(r.model), methods=["GET"]),
+        Route("/v1/chat/completions", _guard(r.chat_completions), methods=["POST"]),
+        Route("/v1/completions", _guard(r.completions), methods=["POST"]),
+        Route("/tokenize", _guard(r.tokenize), methods=["POST"]),
+        Route("/detokenize", _guard(r.detokenize), methods=["POST"]),
+        Route("/props", _guard(r.props), methods=["GET"]),
+        Route("/slots", _guard(r.slots), methods=["GET"]),
+        Route("/metrics", _guard(r.metrics_text), methods=["GET"]),
+    ]
+    middleware = []
+    if server_config.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=server_config.api_key))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if start_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if start_engine:
+                log.info("shutting down the engine")
+                await engine.shutdown()
+
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={
+            APIError: api_error_response,
+            HTTPException: http_error_response,
+            Exception: internal_error_response,
+        },
+        lifespan=lifespan,
+    )

@@ -1,0 +1,101 @@
+"""A request body: read within a size limit, parsed as a JSON object, read field by field.
+
+The size limit is checked twice: against Content-Length before reading, and by counting bytes while
+reading (a chunked upload has no Content-Length). Past it the answer is 413 and the rest is not
+read.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import ClientDisconnect, Request
+
+from kvpark.server.errors import APIError, bad_request
+
+
+async def read_json(request: Request, limit: int) -> dict[str, object]:
+    """The body as a JSON object; 413 past ``limit`` bytes (Content-Length or count), else 400."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise bad_request("Content-Length is not a number")
+        if int(declared) > limit:
+            raise APIError(413, f"request body of {declared} bytes is over the limit of {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody will read the answer; nothing to log
+        raise bad_request("the client went away while sending its body") from None
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
+class Fields:
+    """Typed getters over a JSON object; a wrong type is a 400 that names the field."""
+
+    def __init__(self, body: dict[str, object]) -> None:
+        self.body = body
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def integer(self, name: str) -> int | None:
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad_request(f"{name} must be an integer", name)
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_request(f"{name} must be a number", name)
+        return float(value)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise bad_request(f"{name} must be a boolean", name)
+        return value
+
+    def string(self, name: str) -> str | None:
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise bad_request(f"{name} must be a string", name)
+        return value
+
+    def strings(self, name: str) -> tuple[str, ...]:
+        value = self.body.get(name)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return tuple(value)
+        raise bad_request(f"{name} must be a string or a list of strings", name)
+
+    def object(self, name: str) -> dict[str, object]:
+        value = self.body.get(name)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise bad_request(f"{name} must be an object", name)
+        return value

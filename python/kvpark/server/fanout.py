@@ -1,0 +1,111 @@
+"""One HTTP request, several engine requests: run a generator per prompt and merge their events.
+
+Each prompt's engine stream is pumped by its own task into one queue, tagged with the prompt's
+index. Readers take events with a timeout (the SSE writer needs to wake up for pings) without ever
+cancelling an engine generator mid-step. Leaving the ``async with`` block cancels the pumps, which
+closes their generators: that is what aborts the engine requests and gives their cells back when a
+client goes away or one prompt fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from kvpark.outputs import ErrorEvent, StreamEvent
+from kvpark.sampling import SamplingParams
+
+log = logging.getLogger("kvpark.server")
+
+Generate = Callable[[list[int], SamplingParams, str], AsyncIterator[StreamEvent]]
+Timeout = Literal["timeout"]
+End = Literal["end"]
+
+
+@dataclass(frozen=True)
+class PromptEvent:
+    prompt: int  # index of the prompt in the request
+    event: StreamEvent
+
+
+class FanIn:
+    """Merged events of every prompt of one request; use as ``async with FanIn(...) as events``."""
+
+    def __init__(
+        self,
+        generate: Generate,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        request_id: str,
+        rejected: type[Exception] | None = None,
+    ) -> None:
+        self._generate = generate
+        self._jobs = list(zip(prompts, params, strict=True))
+        self._request_id = request_id
+        self._rejected = rejected
+        self._queue: asyncio.Queue[PromptEvent | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = 0
+
+    def engine_request_id(self, prompt: int) -> str:
+        return self._request_id if len(self._jobs) == 1 else f"{self._request_id}-{prompt}"
+
+    async def __aenter__(self) -> FanIn:
+        for i, (prompt, params) in enumerate(self._jobs):
+            self._tasks.append(asyncio.create_task(self._pump(i, prompt, params)))
+        self._running = len(self._tasks)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for task in self._tasks:
+            task.cancel()
+        # Shielded so a cancelled reader still waits for the generators to close (and abort).
+        await asyncio.shield(asyncio.gather(*self._tasks, return_exceptions=True))
+
+    async def next(self, timeout: float | None) -> PromptEvent | Timeout | End:
+        """The next event of any prompt; ``"timeout"`` after ``timeout`` s; ``"end"`` at the end."""
+        while True:
+            if self._running == 0 and self._queue.empty():
+                return "end"
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            except asyncio.TimeoutError:
+                return "timeout"
+            if item is not None:
+                return item
+            self._running -= 1
+
+    async def _pump(self, prompt: int, ids: list[int], params: SamplingParams) -> None:
+        stream = self._generate(ids, params, self.engine_request_id(prompt))
+        try:
+            async for event in stream:
+                self._queue.put_nowait(PromptEvent(prompt, event))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._queue.put_nowait(PromptEvent(prompt, self._as_error(exc)))
+        finally:
+            try:  # aclose() runs the generator's own cleanup, which aborts the engine request
+                if isinstance(stream, AsyncGenerator):
+                    await stream.aclose()
+            finally:
+                self._queue.put_nowait(None)
+
+    def _as_error(self, exc: Exception) -> ErrorEvent:
+        if self._rejected is not None and isinstance(exc, self._rejected):
+            return ErrorEvent(
+                str(getattr(exc, "message", exc)),
+                int(getattr(exc, "code", 400)),
+                str(getattr(exc, "kind", "invalid_request_error")),
+            )
+        log.error("engine stream of %s failed", self._request_id, exc_info=exc)
+        return ErrorEvent(f"internal error: {type(exc).__name__}: {exc}", 500, "server_error")

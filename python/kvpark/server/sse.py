@@ -1,0 +1,181 @@
+"""Server-sent events: OpenAI chunks as ``data:`` lines, park notices and pings as comments.
+
+A stream is, in order::
+
+    [: preempted]  [: resumed]  data: {chunk}  ...  :  ...  data: {last chunk}  data: [DONE]
+
+Notices (``: preempted``, ``: resumed``, ``: recomputed``) are SSE comments, invisible to clients
+that ignore comments; in a request of several prompts each names its prompt (``: preempted 1``).
+Pings are comments too: ``:`` after ``ping_interval`` s without a frame, or ``: preempt-keepalive``
+every ``min(ping_interval, 2 s)`` while any prompt of the request is parked. ``ping_interval <= 0``
+turns the plain ping off but keeps the keepalive (every 2 s).
+
+Status and headers go out with the first frame, so a request the engine fails before producing
+anything still gets a plain JSON error with its own status; once a frame is out, an error travels
+in-stream as ``data: {"error": ...}`` followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Protocol
+
+from starlette.types import Receive, Scope, Send
+
+from kvpark.outputs import ErrorEvent, FinishedEvent, NoticeEvent, TokenEvent
+from kvpark.server.disconnect import unless_disconnected
+from kvpark.server.errors import APIError
+from kvpark.server.fanout import End, PromptEvent, Timeout
+from kvpark.server.responses import ResponseBuilder
+
+log = logging.getLogger("kvpark.server")
+
+PING = b":\n\n"
+KEEPALIVE = b": preempt-keepalive\n\n"
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE_CAP_S = 2.0
+HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class EventSource(Protocol):
+    async def next(self, timeout: float | None) -> PromptEvent | Timeout | End: ...
+
+
+def data_frame(obj: Mapping[str, object]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def notice_frame(kind: str, prompt: int | None) -> bytes:
+    return f": {kind}\n\n".encode() if prompt is None else f": {kind} {prompt}\n\n".encode()
+
+
+class Pacer:
+    """When the next ping is due and what it says; ``parked`` holds the prompts now parked."""
+
+    def __init__(
+        self,
+        ping_interval: float,
+        keepalive_cap: float = KEEPALIVE_CAP_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ping_interval = ping_interval
+        self.keepalive = min(ping_interval, keepalive_cap) if ping_interval > 0 else keepalive_cap
+        self.clock = clock
+        self.parked: set[int] = set()
+        self.last_frame = clock()
+
+    def wrote(self) -> None:
+        self.last_frame = self.clock()
+
+    def notice(self, kind: str, prompt: int) -> None:
+        if kind == "preempted":
+            self.parked.add(prompt)
+        elif kind == "resumed":
+            self.parked.discard(prompt)
+
+    def timeout(self) -> float | None:
+        """Seconds until the next ping is due, or None if no ping is ever due."""
+        period = self.keepalive if self.parked else self.ping_interval
+        if period <= 0:
+            return None
+        return max(0.0, self.last_frame + period - self.clock())
+
+    def ping(self) -> bytes:
+        return KEEPALIVE if self.parked else PING
+
+
+async def sse_frames(
+    events: EventSource,
+    builder: ResponseBuilder,
+    ping_interval: float,
+    multi_prompt: bool,
+    keepalive_cap: float = KEEPALIVE_CAP_S,
+) -> AsyncGenerator[bytes, None]:
+    """Frames of one stream; raises :class:`APIError` if it fails before its first frame."""
+    pacer = Pacer(ping_interval, keepalive_cap)
+    started = False
+    while True:
+        item = await events.next(pacer.timeout())
+        frames: list[bytes] = []
+        if item == "end":
+            break
+        if item == "timeout":
+            frames.append(pacer.ping())
+        elif isinstance(item.event, TokenEvent):
+            frames.extend(data_frame(c) for c in builder.on_tokens(item.prompt, item.event))
+        elif isinstance(item.event, NoticeEvent):
+            pacer.notice(item.event.kind, item.prompt)
+            frames.append(notice_frame(item.event.kind, item.prompt if multi_prompt else None))
+        elif isinstance(item.event, FinishedEvent):
+            builder.on_finished(item.event)
+        elif isinstance(item.event, ErrorEvent):
+            error = APIError(item.event.code, item.event.message, item.event.kind)
+            if not started:
+                raise error
+            yield data_frame(error.body())
+            yield DONE
+            return
+        for frame in frames:
+            started = True
+            yield frame
+        if frames:
+            pacer.wrote()
+    for chunk in builder.closing_chunks():
+        yield data_frame(chunk)
+    yield DONE
+
+
+class SSEResponse:
+    """ASGI response for a frame generator: headers with the first frame, abort on disconnect."""
+
+    def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
+        self.frames = frames
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await unless_disconnected(receive, self._write(scope, receive, send))
+        finally:
+            await self.frames.aclose()
+
+    async def _write(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            first = await self.frames.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        except APIError as error:
+            await error.response()(scope, receive, send)
+            return
+        except Exception as exc:
+            log.error("stream failed before its first frame", exc_info=exc)
+            await APIError(500, f"internal error: {type(exc).__name__}").response()(
+                scope, receive, send
+            )
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        try:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            try:
+                async for frame in self.frames:
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+            except OSError:
+                raise
+            except Exception as exc:  # a bug below us: tell the client in-stream, keep serving
+                log.error("stream failed", exc_info=exc)
+                failure = APIError(500, f"internal error: {type(exc).__name__}")
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": data_frame(failure.body()) + DONE,
+                        "more_body": True,
+                    }
+                )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            return  # the client went away while we wrote; the frames close in __call__
