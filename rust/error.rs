@@ -8,7 +8,7 @@ use std::fmt;
 
 use crate::SeqId;
 
-/// The error of every fallible [`KvPool`](crate::KvPool) call. A call that returns an error has
+/// The error of every fallible [`KvPool`](crate::KvPool) and planner call. A call that returns an error has
 /// changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvError {
@@ -54,6 +54,10 @@ pub enum KvError {
     UnknownPage { page: usize, n_pages: usize },
     /// `check_integrity` found a broken invariant; the message names it.
     Integrity(String),
+    /// Two requests in a planner snapshot have this id.
+    DuplicateRequest(u64),
+    /// Two requests in a planner snapshot have this slot.
+    DuplicateSlot(u32),
 }
 
 /// The result of every fallible [`KvPool`](crate::KvPool) call.
@@ -120,6 +124,15 @@ impl fmt::Display for KvError {
                 write!(f, "page {page} is out of range 0..{n_pages}")
             }
             Self::Integrity(msg) => write!(f, "integrity: {msg}"),
+            Self::DuplicateRequest(id) => {
+                write!(f, "request {id} is twice in the planner snapshot")
+            }
+            Self::DuplicateSlot(slot) => {
+                write!(
+                    f,
+                    "slot {slot} is held by two requests in the planner snapshot"
+                )
+            }
         }
     }
 }

@@ -1,11 +1,11 @@
-"""kvpark's KV cell pool, page tables and occupancy queries (the Rust crate kvpark-core).
+"""kvpark's KV cell pool, page tables, occupancy queries and preemption planner (kvpark-core).
 
 Hand-written to mirror rust/py.rs; `python -m mypy.stubtest kvpark._core` checks the two agree.
 """
 
-from typing import final
+from typing import Literal, final
 
-__all__ = ["KvPool", "PoolFullError"]
+__all__ = ["Action", "KvPool", "Planner", "PoolFullError", "RequestView", "round_up_buffer"]
 
 class PoolFullError(Exception):
     """Not enough free pages in the pool; the call changed nothing.
@@ -123,3 +123,181 @@ class KvPool:
 
     def reset(self) -> None:
         """Drop every sequence; the pool is then as if new."""
+
+@final
+class RequestView:
+    """One request in the planner's snapshot (keyword arguments only; read-only fields).
+
+    state: "running" | "parked" | "parking" | "restoring"; mode ("swap" | "recompute") is given
+    exactly when state is "parked". next_cells: per sequence, the cells it would hold after the
+    next step (running, restoring). resume_cells: cells a parked request needs to come back and
+    run one step. state_bytes: what a swap park of it holds. ValueError on a bad state or mode.
+    """
+
+    def __new__(
+        cls,
+        *,
+        id: int,
+        arrival: int,
+        state: Literal["running", "parked", "parking", "restoring"] = "running",
+        mode: Literal["swap", "recompute"] | None = None,
+        seq_ids: list[int] = ...,
+        next_cells: list[tuple[int, int]] = ...,
+        resume_cells: int = 0,
+        state_bytes: int = 0,
+        parks: int = 0,
+        parked_at_ms: int | None = None,
+        resumed_at_ms: int | None = None,
+        tokens_since_resume: int = 0,
+        family: bool = False,
+        refused: bool = False,
+        slot: int = 0,
+    ) -> RequestView: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def arrival(self) -> int: ...
+    @property
+    def state(self) -> Literal["running", "parked", "parking", "restoring"]:
+        """ "running" | "parked" | "parking" | "restoring"."""
+
+    @property
+    def mode(self) -> Literal["swap", "recompute"] | None:
+        """ "swap" | "recompute" for a parked request, else None."""
+
+    @property
+    def seq_ids(self) -> list[int]: ...
+    @property
+    def next_cells(self) -> list[tuple[int, int]]: ...
+    @property
+    def resume_cells(self) -> int: ...
+    @property
+    def state_bytes(self) -> int: ...
+    @property
+    def parks(self) -> int: ...
+    @property
+    def parked_at_ms(self) -> int | None: ...
+    @property
+    def resumed_at_ms(self) -> int | None: ...
+    @property
+    def tokens_since_resume(self) -> int: ...
+    @property
+    def family(self) -> bool: ...
+    @property
+    def refused(self) -> bool: ...
+    @property
+    def slot(self) -> int: ...
+
+@final
+class Action:
+    """One planner action (read-only), in list order.
+
+    kind "release_buffer": give slot's idle park buffer back (request None). "park": park
+    request by mode into a buffer of buffer_capacity bytes (0 for recompute); head is set when
+    the park makes room for that parked request, which a later "rotate" resumes. "resume": put
+    request back. "rotate": park request (the victim) as "park" would, then resume head.
+    "fail": request can never fit: fail it with the context error.
+    """
+
+    @property
+    def kind(self) -> Literal["release_buffer", "park", "resume", "rotate", "fail"]:
+        """ "release_buffer" | "park" | "resume" | "rotate" | "fail"."""
+
+    @property
+    def request(self) -> int | None:
+        """The request it acts on (the victim for "rotate"); None for "release_buffer"."""
+
+    @property
+    def mode(self) -> Literal["swap", "recompute"] | None:
+        """ "swap" | "recompute" for "park" and "rotate", else None."""
+
+    @property
+    def buffer_capacity(self) -> int:
+        """Bytes of the park buffer to use for a swap; 0 otherwise."""
+
+    @property
+    def slot(self) -> int | None:
+        """The slot whose buffer "release_buffer" gives back, else None."""
+
+    @property
+    def head(self) -> int | None:
+        """The parked request a "rotate" (or a rotation "park") makes room for, else None."""
+
+@final
+class Planner:
+    """The preemption planner: pure and deterministic, it reads the pool's occupancy and a
+    snapshot of the requests and returns the actions for this step (see docs/preemption.md).
+
+    policy: "fcfs" | "cost". margin_cells: headroom kept free, rounded up to a page.
+    ram_budget_bytes: --preempt-ram in bytes, -1 no limit, 0 every park recomputes. A parked
+    head that has waited rotate_after_ms rotates a resident out; a resumed request is protected
+    until rotate_min_tokens tokens, or one token and rotate_min_ms. A request parked
+    starved_parks times is passed over while another candidate exists. park_ahead=False
+    (KVPARK_PREEMPT_PLANNER=off): plan() parks nothing for pressure; choose_victims() does it
+    after a failed allocation. ValueError on a bad policy or budget.
+    """
+
+    def __new__(
+        cls,
+        policy: Literal["fcfs", "cost"] = "fcfs",
+        margin_cells: int = 8,
+        ram_budget_bytes: int = -1,
+        rotate_after_ms: int = 2000,
+        rotate_min_tokens: int = 32,
+        rotate_min_ms: int = 2000,
+        starved_parks: int = 3,
+        park_ahead: bool = True,
+    ) -> Planner: ...
+    @property
+    def policy(self) -> Literal["fcfs", "cost"]:
+        """ "fcfs" | "cost"."""
+
+    @property
+    def margin_cells(self) -> int: ...
+    @property
+    def ram_budget_bytes(self) -> int:
+        """-1: no limit."""
+
+    @property
+    def rotate_after_ms(self) -> int: ...
+    @property
+    def rotate_min_tokens(self) -> int: ...
+    @property
+    def rotate_min_ms(self) -> int: ...
+    @property
+    def starved_parks(self) -> int: ...
+    @property
+    def park_ahead(self) -> bool: ...
+    def plan(
+        self,
+        pool: KvPool,
+        requests: list[RequestView],
+        slot_buffer_capacity: list[int],
+        now_ms: int,
+    ) -> list[Action]:
+        """The actions for this step.
+
+        slot_buffer_capacity: per slot, the park buffer it keeps (a slot past the end keeps
+        none). KeyError for a sequence the pool does not have; ValueError for a request id or
+        slot given twice.
+        """
+
+    def choose_victims(
+        self,
+        pool: KvPool,
+        requests: list[RequestView],
+        slot_buffer_capacity: list[int],
+        shortfall_cells: int,
+    ) -> list[Action]:
+        """Victims for a step that failed to allocate shortfall_cells cells.
+
+        "release_buffer" and "park" actions, by the same rules as plan(). Errors as plan().
+        """
+
+def round_up_buffer(need: int, cap: int, held: int, budget: int) -> int:
+    """The capacity a slot's park buffer takes for a need-byte state.
+
+    Kept if cap holds it, else grown by half again rounded up to 64 KiB if
+    held - cap + 2 * grown <= budget, else need rounded up to 64 KiB. held counts every slot's
+    buffer, this one's included; budget -1: no limit. ValueError on a bad budget.
+    """
