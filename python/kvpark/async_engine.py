@@ -142,7 +142,7 @@ class AsyncEngine:
             },
             "exact": False,
             "preempt": {
-                "enabled": False,
+                "enabled": s.preempt,
                 "ram_mib": s.preempt_ram_mib,
                 "policy": s.preempt_policy,
                 "async": False,

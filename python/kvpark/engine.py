@@ -13,16 +13,22 @@ from collections import defaultdict
 
 import torch
 
+from kvpark._core import PoolFullError
 from kvpark.config import EngineConfig
+from kvpark.env import Knobs
 from kvpark.output_text import TextStream
 from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent, TokenEvent, TokenLogprob
+from kvpark.parking import Parking
 from kvpark.plan import StepPlan
+from kvpark.preemption import Events, Preemption
 from kvpark.request import Request, Sequence
 from kvpark.runner import Runner
 from kvpark.sampler import SampleRow, make_generator, sample_rows
 from kvpark.sampling import InvalidParameterError, SamplingParams
-from kvpark.scheduler import CONTEXT_ERROR, Scheduler
+from kvpark.scheduler import CONTEXT_ERROR, Scheduler, StepOutcome
 from kvpark.stats import EngineStats, Observations
+
+MAX_RELIEF_ROUNDS = 8  # parks tried when a step's decodes do not fit (one victim per round)
 
 
 class RequestRejected(Exception):
@@ -58,6 +64,14 @@ class LLMEngine:
         self._text: dict[tuple[str, int], TextStream] = {}
         self._generators: dict[tuple[str, int], torch.Generator] = {}
         self._seed_source = random.Random(config.seed)
+        self._arrivals = 0
+        self.preemption: Preemption | None = None
+        if config.scheduler.preempt:
+            knobs = Knobs.from_env()
+            parking = Parking(self.runner, config.scheduler.parallel, knobs.preempt_fail_save)
+            self.preemption = Preemption(
+                config.scheduler, self.scheduler, parking, self.stats, self.observations, knobs
+            )
 
     # ----------------------------------------------------------------- admission
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -99,7 +113,8 @@ class LLMEngine:
         if request_id in self._requests:
             raise RequestRejected(f"duplicate request id {request_id!r}")
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
-        req = Request(request_id, list(prompt_ids), params, seed)
+        self._arrivals += 1
+        req = Request(request_id, list(prompt_ids), params, seed, key=self._arrivals)
         self._requests[request_id] = req
         for j in range(params.n):
             self._generators[(request_id, j)] = make_generator(seed, j)
@@ -113,8 +128,8 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None:
             return False
-        self.scheduler.abort(request_id)
-        self._forget(req)
+        self._drop(req)
+        self._refresh_gauges()
         return True
 
     @property
@@ -123,19 +138,36 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- one step
     def step(self) -> dict[str, list[StreamEvent]]:
-        events: dict[str, list[StreamEvent]] = defaultdict(list)
-        plan, outcome = self.scheduler.schedule()
+        notices = Events()
+        plan, outcome = self._plan_step(notices)
+        events: dict[str, list[StreamEvent]] = defaultdict(list, notices.by_request)
         for req in outcome.failed:
-            self.scheduler.release(req)
+            self._drop(req)
             events[req.request_id].append(
                 ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error")
             )
-            self._forget(req)
         if not plan.empty:
             self._run(plan, events)
         self.stats.steps_total += 1
         self._refresh_gauges()
         return events
+
+    def _plan_step(self, events: Events) -> tuple[StepPlan, StepOutcome]:
+        """Parks and resumes first (every request is at a token boundary), then the batch."""
+        if self.preemption is None:
+            return self.scheduler.schedule()
+        self.preemption.before_step(events)
+        for req in self.preemption.failed:
+            self._drop(req)
+        self.preemption.failed.clear()
+        plan, outcome = self.scheduler.schedule(report_shortfall=True)
+        for _ in range(MAX_RELIEF_ROUNDS):
+            if outcome.shortfall == 0 or not self.preemption.relieve(outcome.shortfall, events):
+                break
+            plan, outcome = self.scheduler.schedule(report_shortfall=True)
+        if outcome.shortfall > 0:  # nobody can be parked: fail who cannot continue
+            plan, outcome = self.scheduler.schedule()
+        return plan, outcome
 
     def _run(self, plan: StepPlan, events: dict[str, list[StreamEvent]]) -> None:
         logits = self.runner.execute(plan)
@@ -161,12 +193,11 @@ class LLMEngine:
             if len(req.sequences) < req.params.n:
                 try:
                     self.scheduler.fork(req, [t for t, _ in drawn])
-                except Exception:  # no page for the copy-on-write: the request cannot go on
-                    self.scheduler.release(req)
+                except PoolFullError:  # no page for the copy-on-write: the request cannot go on
+                    self._drop(req)
                     events[req.request_id].append(
                         ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error")
                     )
-                    self._forget(req)
                     continue
                 targets = list(zip(req.sequences, drawn, strict=True))
             else:
@@ -211,7 +242,7 @@ class LLMEngine:
         )
 
     def _finish(self, req: Request, now: float) -> FinishedEvent:
-        self.scheduler.release(req)
+        self._drop(req)
         self.stats.requests_finished_total += 1
         first = req.first_token_time if req.first_token_time is not None else now
         per_choice = [s.num_output for s in sorted(req.sequences, key=lambda s: s.index)]
@@ -224,10 +255,13 @@ class LLMEngine:
             recomputes=req.recomputes,
             per_choice_tokens=per_choice,
         )
-        self._forget(req)
         return event
 
-    def _forget(self, req: Request) -> None:
+    def _drop(self, req: Request) -> None:
+        """The request leaves: its cells, slot, park buffer and per-choice state go back."""
+        if self.preemption is not None:
+            self.preemption.forget(req)
+        self.scheduler.release(req)
         self._requests.pop(req.request_id, None)
         for j in range(req.params.n):
             self._text.pop((req.request_id, j), None)

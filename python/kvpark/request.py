@@ -19,7 +19,13 @@ from kvpark.sampling import SamplingParams
 class RequestState(enum.Enum):
     WAITING = "waiting"  # admitted to the queue, holds no cells
     RUNNING = "running"  # holds cells; prefill or decode
+    PARKED = "parked"  # out of the pool: swapped to host memory or dropped for a replay
     FINISHED = "finished"
+
+
+class ParkMode(enum.Enum):
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
 
 
 @dataclass
@@ -32,7 +38,6 @@ class Sequence:
     tokens: list[int]  # prompt followed by output, shared prompt list copied at fork
     num_computed: int = 0
     finish_reason: str | None = None
-    output_text_len: int = 0  # characters already streamed (for stop strings)
 
     @property
     def output_ids(self) -> list[int]:
@@ -53,20 +58,42 @@ class Sequence:
 
 
 @dataclass
+class ParkRecord:
+    """A request's parks: how many, the current one's mode and times, what it must restore."""
+
+    parks: int = 0
+    recomputes: int = 0
+    mode: ParkMode | None = None  # set while parked
+    parked_at: float = 0.0
+    resumed_at: float | None = None
+    output_at_resume: int = 0  # tokens generated when it last resumed (rotation protection)
+    dropped: int = 0  # cells a recompute park dropped: replayed on resume
+    buffer_slot: int | None = None  # the slot whose host buffer a swap park used
+
+
+@dataclass
 class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     seed: int  # the effective seed: params.seed or one drawn by the engine
+    key: int = 0  # arrival order, also the request's id for the Rust planner
     arrival: float = field(default_factory=time.monotonic)
     state: RequestState = RequestState.WAITING
     sequences: list[Sequence] = field(default_factory=list)
     first_token_time: float | None = None
     prefill_done_time: float | None = None
     last_token_time: float | None = None
-    parks: int = 0
-    recomputes: int = 0
     error: str | None = None
+    park: ParkRecord = field(default_factory=lambda: ParkRecord())
+
+    @property
+    def parks(self) -> int:
+        return self.park.parks
+
+    @property
+    def recomputes(self) -> int:
+        return self.park.recomputes
 
     @property
     def live_sequences(self) -> list[Sequence]:

@@ -1,8 +1,7 @@
 """Owns the model and the KV tensors, and runs one step: plan in, logits of the sampled rows out.
 
 KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for V (see
-``ops/kv_cache.py``);
-a page id from the Rust pool indexes the first dimension directly.
+``ops/kv_cache.py``); a page id from the Rust pool indexes the first dimension directly.
 """
 
 from __future__ import annotations
@@ -91,3 +90,38 @@ class Runner:
             step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, self.ops
         )
         return logits
+
+    # ----------------------------------------------------------------- parking (CellCopier)
+    def bytes_per_cell(self) -> int:
+        return self.kv.bytes_per_cell()
+
+    def host_buffer(self, n_bytes: int) -> torch.Tensor:
+        """A host tensor of at least ``n_bytes`` in the KV dtype (pinned for a GPU pool)."""
+        elem = self.kv.k[0].element_size()
+        pin = self.device.type == "cuda"
+        return torch.empty(-(-n_bytes // elem), dtype=self.kv.k[0].dtype, pin_memory=pin)
+
+    def _cell_views(self, buf: torch.Tensor, n: int) -> torch.Tensor:
+        _, _, heads, dim = self.kv.k[0].shape
+        layers = len(self.kv.k)
+        return buf[: 2 * layers * n * heads * dim].view(2 * layers, n, heads, dim)
+
+    @torch.inference_mode()
+    def save_cells(self, cells: list[int], out: torch.Tensor) -> None:
+        """Copy the K and V of ``cells`` (every layer) into ``out`` in cell order."""
+        idx = torch.tensor(cells, dtype=torch.int64, device=self.device)
+        view = self._cell_views(out, len(cells))
+        for layer, (k, v) in enumerate(zip(self.kv.k, self.kv.v, strict=True)):
+            heads, dim = k.shape[2], k.shape[3]
+            view[2 * layer].copy_(k.view(-1, heads, dim).index_select(0, idx))
+            view[2 * layer + 1].copy_(v.view(-1, heads, dim).index_select(0, idx))
+
+    @torch.inference_mode()
+    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None:
+        """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones)."""
+        idx = torch.tensor(cells, dtype=torch.int64, device=self.device)
+        view = self._cell_views(src, len(cells))
+        for layer, (k, v) in enumerate(zip(self.kv.k, self.kv.v, strict=True)):
+            heads, dim = k.shape[2], k.shape[3]
+            k.view(-1, heads, dim).index_copy_(0, idx, view[2 * layer].to(self.device))
+            v.view(-1, heads, dim).index_copy_(0, idx, view[2 * layer + 1].to(self.device))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from kvpark._core import KvPool, PoolFullError
 from kvpark.config import PoolConfig, SchedulerConfig
 from kvpark.plan import StepItem, StepPlan
-from kvpark.request import Request, RequestState, Sequence
+from kvpark.request import ParkMode, Request, RequestState, Sequence
 
 CONTEXT_ERROR = "Context size has been exceeded."
 
@@ -27,6 +27,7 @@ class StepOutcome:
     """What scheduling decided besides the plan: requests that cannot continue."""
 
     failed: list[Request] = field(default_factory=list)
+    shortfall: int = 0  # cells the decodes lack (only when asked to report it instead of failing)
 
 
 class Scheduler:
@@ -38,7 +39,8 @@ class Scheduler:
         self.pool = KvPool(pool_config.kv_cells, pool_config.page_size)
         self.page_size = pool_config.page_size
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # hold cells, in arrival order
+        self.parked: list[Request] = []  # hold a slot but no cells
         self.slot_of: dict[int, int] = {}  # seq_id -> slot id
         self._free_slots = list(range(config.parallel - 1, -1, -1))
         self._next_seq_id = 1
@@ -55,7 +57,7 @@ class Scheduler:
                 self.waiting.remove(req)
                 req.state = RequestState.FINISHED
                 return req
-        for req in self.running:
+        for req in (*self.running, *self.parked):
             if req.request_id == request_id:
                 self.release(req)
                 return req
@@ -68,6 +70,10 @@ class Scheduler:
             self.by_seq.pop(seq.seq_id, None)
         if request in self.running:
             self.running.remove(request)
+        if request in self.parked:
+            self.parked.remove(request)
+        if request in self.waiting:
+            self.waiting.remove(request)
         request.state = RequestState.FINISHED
 
     def finish_sequence(self, seq: Sequence, reason: str) -> None:
@@ -83,7 +89,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
 
     @property
     def free_slot_count(self) -> int:
@@ -91,45 +97,72 @@ class Scheduler:
 
     def _slots_promised(self) -> int:
         """Slots that admitted ``n > 1`` requests will take when their prompt forks."""
-        return sum(r.params.n - len(r.sequences) for r in self.running)
+        return sum(r.params.n - len(r.sequences) for r in (*self.running, *self.parked))
 
     # ----------------------------------------------------------------- one step
-    def schedule(self) -> tuple[StepPlan, StepOutcome]:
-        outcome = StepOutcome()
+    def next_rows(self) -> dict[int, int]:
+        """Rows each running sequence would compute next step: one per decode first, then prompt
+        chunks oldest first within ``--max-batch-tokens``. The planner prices the step from this."""
         budget = self.config.max_batch_tokens
+        rows: dict[int, int] = {}
+        for req in self.running:
+            for seq in req.live_sequences:
+                if seq.pending_rows == 1 and budget > 0:
+                    rows[seq.seq_id] = 1
+                    budget -= 1
+        for req in self.running:
+            seq = req.sequences[0]
+            if len(req.sequences) == 1 and seq.pending_rows > 1 and budget > 0:
+                rows[seq.seq_id] = min(seq.pending_rows, budget)
+                budget -= rows[seq.seq_id]
+        return rows
+
+    def schedule(self, report_shortfall: bool = False) -> tuple[StepPlan, StepOutcome]:
+        """Reserve cells and build the step. With ``report_shortfall``, decodes that do not fit
+        return an empty plan and the missing cells instead of failing requests (the engine then
+        parks victims and asks again)."""
+        outcome = StepOutcome()
+        rows = self.next_rows()
+        if report_shortfall:
+            outcome.shortfall = self._decode_shortfall(rows)
+            if outcome.shortfall > 0:
+                return self._export([]), outcome
         items: list[StepItem] = []
-        # 1. decodes: one row for every sequence whose prompt is computed
         for req in list(self.running):
             for seq in req.live_sequences:
-                if seq.pending_rows == 1 and seq.num_computed >= seq.prompt_len - 1 and budget > 0:
+                want = rows.get(seq.seq_id, 0)
+                if want == 1 and seq.pending_rows == 1:
                     if not self._reserve(seq, 1):
-                        outcome.failed.append(req)
+                        outcome.failed.append(req)  # a real overflow: nobody can make room
                         self.release(req)
                         break
                     items.append(self._item(seq, 1))
-                    budget -= 1
-        # 2. prompt chunks of admitted requests, oldest first
+        budget = self.config.max_batch_tokens - len(items)
         for req in self.running:
             seq = req.sequences[0]
-            if budget <= 0:
-                break
-            if len(req.sequences) == 1 and seq.pending_rows > 1 and not seq.finished:
-                rows = self._fit_rows(seq, min(seq.pending_rows, budget))
-                if rows > 0:
-                    items.append(self._item(seq, rows))
-                    budget -= rows
-        # 3. admission, FIFO: a head that does not fit blocks the queue
-        while self.waiting and budget > 0:
+            want = min(rows.get(seq.seq_id, 0), budget)
+            if seq.pending_rows > 1 and want > 0:
+                got = self._fit_rows(seq, want)
+                if got > 0:
+                    items.append(self._item(seq, got))
+                    budget -= got
+        self._admit(items, budget, outcome)
+        return self._export(items), outcome
+
+    def _admit(self, items: list[StepItem], budget: int, outcome: StepOutcome) -> None:
+        """FIFO admission: a head that does not fit blocks the queue, and so does a parked request
+        (parked requests come back before anyone new is let in)."""
+        while self.waiting and budget > 0 and not self.parked:
             req = self.waiting[0]
             if req.params.n > self.free_slot_count - self._slots_promised():
-                break
+                return
             rows = min(len(req.prompt_ids), budget)
             if not self._admission_fits(rows):
                 if not self.running and not items:
                     self.waiting.popleft()
                     outcome.failed.append(req)  # cannot fit even an empty pool
                     continue
-                break
+                return
             self.waiting.popleft()
             seq = self._new_sequence(req, index=0, tokens=list(req.prompt_ids))
             req.sequences = [seq]
@@ -138,7 +171,47 @@ class Scheduler:
             rows = self._fit_rows(seq, rows)
             items.append(self._item(seq, rows))
             budget -= rows
-        return self._export(items), outcome
+
+    def _decode_shortfall(self, rows: dict[int, int]) -> int:
+        pages = sum(
+            self.pool.pages_needed(seq_id, self.by_seq[seq_id][1].num_computed + 1)
+            for seq_id, n in rows.items()
+            if n == 1 and self.by_seq[seq_id][1].pending_rows == 1
+        )
+        return max(0, pages * self.page_size - self.pool.cells_free())
+
+    # ----------------------------------------------------------------- parks
+    def park(self, req: Request, mode: ParkMode) -> None:
+        """Take a running request out of the pool; it keeps its slot.
+
+        note: call only after a swap has copied the cells out: they are handed out again at once.
+        """
+        assert req in self.running and len(req.sequences) == 1, "only a lone sequence parks"
+        seq = req.sequences[0]
+        self.pool.free_sequence(seq.seq_id)
+        if mode is ParkMode.RECOMPUTE:
+            req.park.dropped = seq.num_computed
+            seq.num_computed = 0  # every known token is replayed as a prompt row
+        self.running.remove(req)
+        self.parked.append(req)
+        req.state = RequestState.PARKED
+
+    def resume(self, req: Request) -> list[int]:
+        """Put a parked request back into fresh pages; returns the cells a swap restores into.
+
+        Raises PoolFullError (state unchanged) when its cells do not fit."""
+        seq = req.sequences[0]
+        self.pool.add_sequence(seq.seq_id)
+        try:
+            self.pool.reserve(seq.seq_id, seq.num_computed)
+        except PoolFullError:
+            self.pool.free_sequence(seq.seq_id)
+            raise
+        self.parked.remove(req)
+        self.running.append(req)
+        self.running.sort(key=lambda r: r.key)
+        req.state = RequestState.RUNNING
+        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed)
 
     def _admission_fits(self, rows: int) -> bool:
         # keep a page of headroom for every decoding sequence, so admitting does not starve them

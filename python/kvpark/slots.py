@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvpark.request import RequestState
+
 if TYPE_CHECKING:
     from kvpark.engine import LLMEngine
 
@@ -14,11 +16,12 @@ def describe_slots(engine: LLMEngine) -> list[dict[str, object]]:
     for seq_id, slot in sched.slot_of.items():
         req, seq = sched.by_seq[seq_id]
         in_prompt = seq.num_computed < seq.prompt_len
+        parked = req.state is RequestState.PARKED
         slots[slot] = {
             "id": slot,
-            "state": "prefill" if in_prompt else "decode",
+            "state": "parked" if parked else ("prefill" if in_prompt else "decode"),
             "is_processing": True,
-            "is_preempted": False,
+            "is_preempted": parked,
             "is_transferring": False,
             "n_preempt": req.parks,
             "n_recompute": req.recomputes,
