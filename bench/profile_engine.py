@@ -1,0 +1,139 @@
+"""Where a kvpark decode step spends its time, on an in-process engine (no HTTP).
+
+    .venv/bin/python bench/profile_engine.py --batch 1,8,16 --threads 2
+
+For each batch size it starts that many requests (seeded prompts of ~64 tokens), runs them through
+their prefill, then times ``--steps`` decode steps: the whole ``engine.step()``, the part inside
+``runner.execute`` (tensor building plus the model forward), and the rest (scheduling, sampling,
+detokenizing, events: Python per step). A second pass under ``torch.profiler`` splits the time of
+the steps into torch ops by category (self CPU time on the calling thread): matmuls, attention
+(SDPA), KV gathers/copies, other ops; what no op accounts for is Python and dispatch overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kvpark import LLM, SamplingParams
+from kvpark.bench.workload import WorkloadConfig, build_requests
+from kvpark.outputs import TokenEvent
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int")
+ATTENTION = ("scaled_dot_product", "aten::_flash_attention", "aten::softmax", "aten::_softmax")
+GATHER = ("aten::index", "aten::gather", "aten::copy_", "aten::index_put", "aten::cat",
+          "aten::scatter", "aten::masked")  # fmt: skip
+
+
+def category(op: str) -> str:
+    if op.startswith(MATMUL):
+        return "matmul"
+    if any(key in op for key in ATTENTION):
+        return "attention"
+    if op.startswith(GATHER):
+        return "gather/copy"
+    return "other ops"
+
+
+def start_batch(llm: LLM, batch: int, prompt_tokens: int, max_tokens: int, tag: str) -> None:
+    config = WorkloadConfig(requests=batch, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                            tag=tag)  # fmt: skip
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    waiting = set()
+    for spec in build_requests(config):
+        ids = llm.tokenizer.encode(spec.prompt)
+        llm.engine.add_request(f"{tag}-{spec.index}", ids, params)
+        waiting.add(f"{tag}-{spec.index}")
+    # prefill until every request has its first token; bounded by the prompt chunks it can take
+    for _ in range(64):
+        for request_id, events in llm.engine.step().items():
+            if any(isinstance(event, TokenEvent) for event in events):
+                waiting.discard(request_id)
+        if not waiting:
+            break
+
+
+def timed_steps(llm: LLM, steps: int) -> dict[str, float]:
+    """Median step, forward and rest times (ms) over ``steps`` decode steps."""
+    runner = llm.engine.runner
+    inner = runner.execute
+    spent: list[float] = []
+
+    def execute(plan: Any) -> torch.Tensor:
+        t = time.perf_counter()
+        out = inner(plan)
+        spent.append(time.perf_counter() - t)
+        return out
+
+    runner.execute = execute  # type: ignore[method-assign]
+    totals = []
+    try:
+        for _ in range(steps):
+            t = time.perf_counter()
+            llm.engine.step()
+            totals.append(time.perf_counter() - t)
+    finally:
+        del runner.execute
+    step_ms = statistics.median(totals) * 1e3
+    forward_ms = statistics.median(spent) * 1e3
+    return {"step_ms": step_ms, "execute_ms": forward_ms, "rest_ms": step_ms - forward_ms}
+
+
+def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
+    """Milliseconds per step by op category, plus what no op accounts for."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            llm.engine.step()
+        wall = time.perf_counter() - t
+    by_cat: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        by_cat[category(event.key)] += event.self_cpu_time_total / 1e3  # µs -> ms
+    per_step = {name: ms / steps for name, ms in by_cat.items()}
+    per_step["python+dispatch"] = wall * 1e3 / steps - sum(per_step.values())
+    per_step["profiled_step_ms"] = wall * 1e3 / steps
+    if top:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+    return per_step
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--batch", default="1,8,16")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--top", type=int, default=0, help="also print each batch's top N ops")
+    args = p.parse_args()
+    llm = LLM(model=args.model, threads=args.threads, dtype=args.dtype)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    for batch in (int(b) for b in args.batch.split(",")):
+        max_tokens = 2 * args.steps + 4
+        start_batch(llm, batch, args.prompt_tokens, max_tokens, f"b{batch}")
+        timing = timed_steps(llm, args.steps)
+        cats = profiled_steps(llm, args.steps, args.top)
+        while llm.engine.has_work:  # bounded: every request has at most max_tokens left
+            llm.engine.step()
+        tok_s = batch / timing["step_ms"] * 1e3
+        print(
+            f"batch {batch:>3}: step {timing['step_ms']:.1f} ms ({tok_s:.0f} tok/s), execute "
+            f"{timing['execute_ms']:.1f} ms, rest of step {timing['rest_ms']:.1f} ms",
+            flush=True,
+        )
+        step = cats.pop("profiled_step_ms")
+        shares = ", ".join(f"{k} {v:.1f} ms ({v / step:.0%})" for k, v in sorted(cats.items()))
+        print(f"           under the profiler {step:.1f} ms/step: {shares}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
