@@ -1,0 +1,193 @@
+"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3), all of it in this file.
+
+One forward runs one step: a flat batch of rows from several sequences (prompt chunks and decode
+tokens alike). Each row's K and V go to its cell in the paged pool, then each row attends to its own
+sequence's cells up to its position (``AttentionMetadata``). Weights use Hugging Face's layout with
+Q/K/V fused into one matrix and gate/up into another, so a layer is four matmuls. Every op goes
+through an ``OpSet`` so that exact mode can replace matmuls and attention.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpark.model.arch import ModelArch, ModelLoadError
+from kvpark.ops import KVCache, OpSet
+from kvpark.ops.metadata import AttentionMetadata
+from kvpark.ops.rope import RopeTable
+
+Tensor = torch.Tensor
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Block(nn.Module):
+    """One transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        a, hidden, d = arch, arch.hidden_size, arch.head_dim
+        self.arch = arch
+        self.attn_norm = _param((hidden,), dtype, device)
+        self.qkv_w = _param((a.qkv_size, hidden), dtype, device)  # rows: q heads, k heads, v heads
+        self.qkv_b = _param((a.qkv_size,), dtype, device) if a.qkv_bias else None
+        self.o_w = _param((hidden, a.n_heads * d), dtype, device)
+        self.o_b = _param((hidden,), dtype, device) if a.o_bias else None
+        self.q_norm = _param((d,), dtype, device) if a.qk_norm else None
+        self.k_norm = _param((d,), dtype, device) if a.qk_norm else None
+        self.mlp_norm = _param((hidden,), dtype, device)
+        self.gate_up_w = _param((2 * a.intermediate_size, hidden), dtype, device)  # rows: gate, up
+        self.down_w = _param((hidden, a.intermediate_size), dtype, device)
+
+    def forward(
+        self,
+        x: Tensor,  # [T, hidden]
+        rope: tuple[Tensor, Tensor],  # cos, sin [T, 1, head_dim]
+        k_cache: Tensor,  # [pages, page_size, kv_heads, head_dim]
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        plan: object,  # ops.prepare_attention(meta, ...), shared by all layers
+        ops: OpSet,
+    ) -> Tensor:
+        a = self.arch
+        n_rows, nh, nkv, d = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+        h = ops.rms_norm(x, self.attn_norm, a.rms_eps)
+        qkv = ops.linear(h, self.qkv_w, self.qkv_b)  # [T, (nh + 2 nkv) d]
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head norm before rope
+            q = ops.rms_norm(qkv[:, : nh * d].view(n_rows, nh, d), self.q_norm, a.rms_eps)
+            k = ops.rms_norm(
+                qkv[:, nh * d : (nh + nkv) * d].view(n_rows, nkv, d), self.k_norm, a.rms_eps
+            )
+            q, k = ops.rope(q, *rope), ops.rope(k, *rope)
+        else:  # one rope call for the q and k heads together
+            qk = ops.rope(qkv[:, : (nh + nkv) * d].view(n_rows, nh + nkv, d), *rope)
+            q, k = qk[:, :nh], qk[:, nh:]  # [T, nh, d], [T, nkv, d]
+        v = qkv[:, (nh + nkv) * d :].view(n_rows, nkv, d)  # [T, nkv, d]
+        ops.store_kv(k_cache, v_cache, meta.slot_mapping, k, v)
+        att = ops.attention(q, k_cache, v_cache, plan)  # [T, nh, d]
+        x = x + ops.linear(att.reshape(n_rows, nh * d), self.o_w, self.o_b)
+        h = ops.rms_norm(x, self.mlp_norm, a.rms_eps)
+        gate_up = ops.linear(h, self.gate_up_w, None)  # [T, 2 * intermediate]
+        gate, up = gate_up.chunk(2, dim=-1)
+        return x + ops.linear(F.silu(gate).mul_(up), self.down_w, None)
+
+
+# Hugging Face tensor name -> (attribute, slice of a fused matrix: index in (q, k, v) or (gate, up))
+_LAYER_NAMES = {
+    "input_layernorm.weight": ("attn_norm", None),
+    "self_attn.q_proj.weight": ("qkv_w", 0),
+    "self_attn.k_proj.weight": ("qkv_w", 1),
+    "self_attn.v_proj.weight": ("qkv_w", 2),
+    "self_attn.q_proj.bias": ("qkv_b", 0),
+    "self_attn.k_proj.bias": ("qkv_b", 1),
+    "self_attn.v_proj.bias": ("qkv_b", 2),
+    "self_attn.o_proj.weight": ("o_w", None),
+    "self_attn.o_proj.bias": ("o_b", None),
+    "self_attn.q_norm.weight": ("q_norm", None),
+    "self_attn.k_norm.weight": ("k_norm", None),
+    "post_attention_layernorm.weight": ("mlp_norm", None),
+    "mlp.gate_proj.weight": ("gate_up_w", 0),
+    "mlp.up_proj.weight": ("gate_up_w", 1),
+    "mlp.down_proj.weight": ("down_w", None),
+}
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.arch = arch
+        self.dtype = dtype
+        self.embed = _param((arch.vocab_size, arch.hidden_size), dtype, device)
+        self.layers = nn.ModuleList(Block(arch, dtype, device) for _ in range(arch.n_layers))
+        self.norm = _param((arch.hidden_size,), dtype, device)
+        self.lm_head = (
+            self.embed if arch.tie_embeddings else _param(self.embed.shape, dtype, device)
+        )
+        self.rope = RopeTable.build(arch.inv_freq(), arch.max_position, device)
+        self._loaded: set[str] = set()
+
+    # ---- loading: loaders stream (Hugging Face name, tensor) pairs in any order ----
+
+    def load_weight(self, name: str, tensor: Tensor) -> None:
+        """Copy one checkpoint tensor into its (slice of a) parameter, converting dtype, device."""
+        if name == "rope_freqs":  # a GGUF's llama3 rope scaling, as per-frequency divisors
+            inv_freq = self.arch.inv_freq(freq_factors=tensor)
+            self.rope = RopeTable.build(inv_freq, self.arch.max_position, self.embed.device)
+            return
+        target = self._target(name)
+        if target is None:
+            raise ModelLoadError(f"unexpected tensor {name!r} for a {self.arch.arch} model")
+        if target.shape != tensor.shape:
+            raise ModelLoadError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        self._loaded.add(name)
+
+    def _target(self, name: str) -> Tensor | None:
+        a = self.arch
+        if name == "model.embed_tokens.weight":
+            return self.embed.data
+        if name == "model.norm.weight":
+            return self.norm.data
+        if name == "lm_head.weight":
+            return None if a.tie_embeddings else self.lm_head.data
+        m = _LAYER_RE.fullmatch(name)
+        if m is None or int(m.group(1)) >= a.n_layers or m.group(2) not in _LAYER_NAMES:
+            return None
+        attr, part = _LAYER_NAMES[m.group(2)]
+        param: nn.Parameter | None = getattr(self.layers[int(m.group(1))], attr)
+        if param is None or part is None:
+            return None if param is None else param.data
+        if attr == "gate_up_w":
+            sizes = [a.intermediate_size] * 2
+        else:
+            sizes = [a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim]
+        start = sum(sizes[:part])
+        return param.data[start : start + sizes[part]]
+
+    def expected_weights(self) -> set[str]:
+        names = {"model.embed_tokens.weight", "model.norm.weight"}
+        if not self.arch.tie_embeddings:
+            names.add("lm_head.weight")
+        for i, layer in enumerate(self.layers):
+            for suffix, (attr, _) in _LAYER_NAMES.items():
+                if getattr(layer, attr) is not None:
+                    names.add(f"model.layers.{i}.{suffix}")
+        return names
+
+    def finish_loading(self) -> None:
+        missing = sorted(self.expected_weights() - self._loaded)
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors: {shown}")
+
+    # ---- one step ----
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: Tensor,  # [T] int64
+        positions: Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        kv: KVCache,
+        logit_rows: Tensor,  # [S] int64 rows whose logits are wanted
+        ops: OpSet | None = None,
+    ) -> Tensor:  # [S, vocab] float32
+        ops = ops or OpSet.default()
+        a = self.arch
+        x = F.embedding(token_ids, self.embed)  # [T, hidden]
+        rope = self.rope.at(positions, self.dtype)  # looked up once, used by every layer
+        plan = ops.prepare_attention(meta, a.q_per_kv)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, kv.k[i], kv.v[i], meta, plan, ops)
+        x = x.index_select(0, logit_rows)  # [S, hidden]: the norm is row-wise, so select first
+        x = ops.rms_norm(x, self.norm, a.rms_eps)
+        return ops.linear(x, self.lm_head, None).float()  # [S, vocab]

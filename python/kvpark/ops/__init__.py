@@ -1,0 +1,55 @@
+"""The numeric ops the model runs, chosen per mode as one :class:`OpSet`.
+
+``llama.py`` calls every matmul, norm, rope, KV store and attention through an OpSet, never torch
+directly, so that exact mode (SPEC §6) can swap in batch-invariant versions without touching the
+model.
+``OpSet.default()`` is the fast torch reference path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvpark.ops import attention, kv_cache, linear, norm, rope
+from kvpark.ops.kv_cache import KVCache
+from kvpark.ops.metadata import AttentionMetadata
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class OpSet:
+    name: str
+    # x [rows, in], weight [out, in], bias [out] | None -> [rows, out]
+    linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+    # x [..., d], weight [d], eps -> [..., d]
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor]
+    # x [T, heads, D], cos, sin [T, 1, D] -> [T, heads, D]
+    rope: Callable[[Tensor, Tensor, Tensor], Tensor]
+    # k_cache, v_cache [pages, page_size, kv_heads, D], slot_mapping [T], k, v [T, kv_heads, D]
+    store_kv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
+    # (meta, q_per_kv) -> a plan built once per step and handed to every layer's attention
+    prepare_attention: Callable[[AttentionMetadata, int], Any]
+    # q [T, heads, D], k_cache, v_cache, plan -> [T, heads, D]
+    attention: Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+
+    @staticmethod
+    def default() -> OpSet:
+        return _DEFAULT
+
+
+_DEFAULT = OpSet(
+    name="default",
+    linear=linear.linear,
+    rms_norm=norm.rms_norm,
+    rope=rope.apply_rope,
+    store_kv=kv_cache.store_kv,
+    prepare_attention=attention.prepare,
+    attention=attention.paged_attention,
+)
+
+__all__ = ["AttentionMetadata", "KVCache", "OpSet"]
