@@ -150,7 +150,15 @@ class Preemption:
             tokens_since_resume=seq.num_output - park.output_at_resume,
             family=len(req.sequences) > 1,
             refused=False,
-            slot=self.scheduler.slot_of[seq.seq_id],
+            # a family member that finished gave its slot back; families never park anyway
+            slot=next(
+                (
+                    self.scheduler.slot_of[s.seq_id]
+                    for s in req.live_sequences
+                    if s.seq_id in self.scheduler.slot_of
+                ),
+                0,
+            ),
         )
 
     # ----------------------------------------------------------------- actions

@@ -2,6 +2,7 @@
 
     kvpark bench --url http://127.0.0.1:8000 --concurrency 1,4,8,16 --max-tokens 128
     kvpark bench --url http://127.0.0.1:8001 --label peer --url http://127.0.0.1:8000 --label kvpark
+    kvpark bench --scenario pressure --url http://127.0.0.1:8000 --label default
 
 Prints a table per server, writes ``<out>/<name>.json`` and ``<out>/<name>.png``; with
 several ``--url`` it runs them one after another and adds ratios against ``--baseline`` (default:
@@ -17,12 +18,19 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from kvpark.bench.client import Target
 from kvpark.bench.compare import format_comparison, payload, run_targets
+from kvpark.bench.pressure import (
+    evaluate_goals,
+    format_goals,
+    format_pressure_table,
+    write_pressure_plot,
+)
 from kvpark.bench.report import RunResult, format_table, write_json, write_plot
-from kvpark.bench.scenarios import SCENARIOS, BenchOptions
+from kvpark.bench.scenarios import SCENARIO_DEFAULTS, SCENARIOS, BenchOptions
 
 __all__ = ["BenchOptions", "RunResult", "Target", "main", "run"]
 
@@ -68,16 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=_levels,
-        default=(1, 4, 8, 16),
-        help="comma-separated concurrent chats per level (default 1,4,8,16)",
+        default=None,
+        help="comma-separated concurrent chats per level (default 1,4,8,16; pressure: 4,8)",
     )
     p.add_argument(
         "--requests-per-level",
         type=int,
         help="requests per level (default 2 × concurrency, within 4..64)",
     )
-    p.add_argument("--prompt-tokens", type=int, default=64, help="approximate prompt length")
-    p.add_argument("--max-tokens", type=int, default=128, help="fixed output length")
+    p.add_argument(
+        "--prompt-tokens", type=int, help="approximate prompt length (default 64; pressure: 350)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, help="fixed output length (default 128; pressure: 300)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--warmup", type=int, default=1, help="uncounted short requests first")
@@ -123,11 +135,17 @@ def targets_from(args: argparse.Namespace) -> list[Target]:
 
 
 def options_from(args: argparse.Namespace) -> BenchOptions:
+    defaults = SCENARIO_DEFAULTS.get(args.scenario, SCENARIO_DEFAULTS["sweep"])
+
+    def given(name: str) -> Any:
+        value = getattr(args, name)
+        return defaults[name] if value is None else value
+
     return BenchOptions(
-        concurrency=args.concurrency,
+        concurrency=given("concurrency"),
         requests_per_level=args.requests_per_level,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
+        prompt_tokens=given("prompt_tokens"),
+        max_tokens=given("max_tokens"),
         seed=args.seed,
         timeout_s=args.timeout,
         warmup=args.warmup,
@@ -142,9 +160,14 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
 
 def write_outputs(out: Path, name: str, runs: list[RunResult], baseline: str | None) -> list[Path]:
     """``<out>/<name>.json`` (every run, the comparison) and ``<out>/<name>.png``."""
-    doc = payload(runs, baseline)
     title = f"kvpark bench {runs[0].scenario}: " + " vs ".join(run.label for run in runs)
-    return [write_json(out / f"{name}.json", doc), write_plot(out / f"{name}.png", runs, title)]
+    if runs[0].scenario == "pressure":
+        doc = payload(runs, baseline, {"goals": evaluate_goals(runs)})
+        plot = write_pressure_plot(out / f"{name}.png", runs, None, title)
+    else:
+        doc = payload(runs, baseline)
+        plot = write_plot(out / f"{name}.png", runs, title)
+    return [write_json(out / f"{name}.json", doc), plot]
 
 
 def run(targets: list[Target], scenario: str, options: BenchOptions) -> list[RunResult]:
@@ -171,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     if "comparison" in doc:
         print(format_table(runs))
         print(format_comparison(doc["comparison"]))
+    if args.scenario == "pressure":
+        print(format_pressure_table(runs))
+        print(format_goals(evaluate_goals(runs)))
     stem = args.name or "-".join([args.scenario, *(re.sub(r"\W+", "_", t.label) for t in targets)])
     for path in write_outputs(args.out, stem, runs, args.baseline):
         print(f"wrote {path}")

@@ -3,7 +3,8 @@
 Per request it records the time of the first token, the time of every later token chunk (so
 every inter-token gap), the tokens out (``usage.completion_tokens`` when the server sends it, else
 the count of content chunks), the server's ``timings`` object if any, and every SSE comment line
-with its time (``: preempted``, ``: resumed`` ...; plain ``:`` pings are counted, not kept). A
+with its time (``: preempted``, ``: resumed`` ...; plain ``:`` pings are counted, not kept), and
+kvpark's final ``preempt`` record (``{"parks", "recomputes"}``) when the server sends one. A
 failed request keeps its error and never raises: one bad request must not end a benchmark.
 """
 
@@ -78,6 +79,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     timings: dict[str, Any] | None = None
+    preempt: dict[str, Any] | None = None  # kvpark's {"parks", "recomputes"} from the last chunk
     notices: list[tuple[float, str]] = field(default_factory=list)  # (time, comment text)
     pings: int = 0
     error: str | None = None
@@ -141,6 +143,8 @@ def _absorb(result: RequestResult, chunk: dict[str, Any], now: float) -> None:
         result.prompt_tokens = usage.get("prompt_tokens")
     if isinstance(chunk.get("timings"), dict):
         result.timings = chunk["timings"]
+    if isinstance(chunk.get("preempt"), dict):
+        result.preempt = chunk["preempt"]
 
 
 async def stream_one(

@@ -100,6 +100,7 @@ def request_record(result: RequestResult) -> dict[str, Any]:
         "notices": [[round(t, 5), text] for t, text in result.notices],
         "pings": result.pings,
         "timings": result.timings,
+        "preempt": result.preempt,
     }
 
 
@@ -114,6 +115,7 @@ class RunResult:
     options: dict[str, Any]
     levels: list[LevelSummary] = field(default_factory=list)
     requests: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # by concurrency
+    extra: dict[str, Any] = field(default_factory=dict)  # a scenario's own results (JSON-ready)
 
     @property
     def single_stream_decode_tok_s(self) -> float:
@@ -136,6 +138,7 @@ class RunResult:
             "single_stream_decode_tok_s": _finite(self.single_stream_decode_tok_s),
             "levels": [{k: _finite(v) for k, v in asdict(lv).items()} for lv in self.levels],
             "requests": {str(c): records for c, records in self.requests.items()},
+            **({"extra": self.extra} if self.extra else {}),
         }
 
     @classmethod
@@ -147,7 +150,7 @@ class RunResult:
             levels.append(LevelSummary(**fields))
         requests = {int(c): records for c, records in data.get("requests", {}).items()}
         return cls(data["label"], data["url"], data["model"], data["scenario"], data["options"],
-                   levels, requests)  # fmt: skip
+                   levels, requests, dict(data.get("extra") or {}))  # fmt: skip
 
 
 def _finite(value: Any) -> Any:

@@ -7,6 +7,12 @@ add it to ``SCENARIOS``.
 
 - ``sweep``: for each concurrency in ``options.concurrency``, a closed (or Poisson) level of seeded
   chats of a fixed output length.
+- ``pressure``: the headline workload (SPEC §7): for each N in ``options.concurrency``, N chats sent
+  at once, meant for a server whose pool holds each of them alone but not all together; it adds
+  context errors, parks by mode (from ``/metrics``) and the ``preempt`` records (``pressure.py``).
+
+``SCENARIO_DEFAULTS`` gives each scenario's concurrency, prompt and output lengths where the user
+gives none.
 """
 
 from __future__ import annotations
@@ -17,10 +23,24 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvpark.bench.client import RequestBody, Target, run_level
+from kvpark.bench.pressure import (
+    fetch_props,
+    fit_check,
+    metrics_delta,
+    scrape_metrics,
+    summarize_pressure,
+)
 from kvpark.bench.report import RunResult, request_record, summarize_level
 from kvpark.bench.workload import WorkloadConfig, build_requests, default_requests_per_level
 
 MAX_REQUESTS_PER_LEVEL = 256
+
+# Workload flags a user does not give, per scenario. pressure: 4 and 8 chats of ~350-token prompts
+# and 300 tokens out (~680 cells each with the chat template), for a pool of about 1024 cells.
+SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sweep": {"concurrency": (1, 4, 8, 16), "prompt_tokens": 64, "max_tokens": 128},
+    "pressure": {"concurrency": (4, 8), "prompt_tokens": 350, "max_tokens": 300},
+}
 
 
 @dataclass(frozen=True)
@@ -126,4 +146,69 @@ async def sweep(target: Target, options: BenchOptions) -> RunResult:
     return run
 
 
-SCENARIOS: dict[str, Scenario] = {"sweep": sweep}
+async def pressure(target: Target, options: BenchOptions) -> RunResult:
+    """One level per N in ``options.concurrency``: N seeded chats sent at once
+    (``requests_per_level`` instead of N when given), at most N in flight. Around each level it
+    reads ``/metrics`` for the parks by mode; ``/props`` says whether the level really was "each
+    fits alone, not together".
+
+    Besides the usual levels and records, ``run.extra`` holds ``pressure`` (one
+    ``PressureLevel.to_json()`` per level), ``fit`` (per N, ``fit_check``) and ``props``.
+    """
+    assert target.model is not None, "resolve the model name before running a scenario"
+    run = RunResult(target.label, target.url, target.model, "pressure", options.to_json())
+    props = await fetch_props(target)
+    if props is not None:
+        run.extra["props"] = props
+    await warm_up(target, options, target.model)
+    body = options.body(target.model)
+    summaries: list[dict[str, Any]] = []
+    fits: dict[str, Any] = {}
+    for chats in options.concurrency:
+        config = WorkloadConfig(
+            requests=options.requests_per_level or chats,
+            prompt_tokens=options.prompt_tokens,
+            max_tokens=options.max_tokens,
+            seed=options.seed,
+            arrival=options.arrival,
+            rate=options.rate,
+            endpoint=options.endpoint,
+            tag=f"p{chats}",
+        )
+        before = await scrape_metrics(target)
+        wall_s, results = await run_level(
+            target, body, build_requests(config), chats, options.timeout_s
+        )
+        after = await scrape_metrics(target)
+        level = summarize_pressure(chats, wall_s, results, metrics_delta(before, after))
+        run.levels.append(summarize_level(chats, wall_s, results))
+        run.requests[chats] = [request_record(r) for r in results]
+        summaries.append(level.to_json())
+        fit = fit_check(props, chats, level.prompt_tokens_max, options.max_tokens)
+        fits[str(chats)] = fit
+        parks = "?" if level.parks is None else str(level.parks)
+        progress(
+            f"[{target.label}] {chats} chats: {level.completed}/{level.requests} completed, "
+            f"{level.context_errors} context errors, {parks} parks "
+            f"(swap {level.parks_swap}, recompute {level.parks_recompute}), "
+            f"{wall_s:.1f} s, {level.aggregate_tok_s:.1f} tok/s"
+        )
+        if fit is not None and not fit["under_pressure"]:
+            why = (
+                "do not fit alone"
+                if not fit["fits_alone"]
+                else "fit together"
+                if fit["fits_together"]
+                else "are admitted one at a time"
+            )
+            progress(
+                f"[{target.label}] warning: {chats} chats of ~{fit['cells_per_chat']} cells {why} "
+                f"in a pool of {fit['kv_cells']} cells ({fit['parallel']} slots): not the "
+                "intended pressure"
+            )
+    run.extra["pressure"] = summaries
+    run.extra["fit"] = fits
+    return run
+
+
+SCENARIOS: dict[str, Scenario] = {"sweep": sweep, "pressure": pressure}
