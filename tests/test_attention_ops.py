@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvpark.model.arch import ModelArch, RopeScaling
-from kvpark.ops import KVCache, OpSet
+from kvpark.ops import KVCache, OpSet, attention
 from kvpark.ops.attention import paged_attention, prepare
 from kvpark.ops.kv_cache import store_kv
 from kvpark.ops.metadata import AttentionMetadata
@@ -93,12 +93,19 @@ STEPS = {
 }
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4), (8, 1)])
 @pytest.mark.parametrize("step", list(STEPS))
 def test_paged_attention_matches_reference(
-    step: str, heads: tuple[int, int], dtype: torch.dtype
+    step: str,
+    heads: tuple[int, int],
+    dtype: torch.dtype,
+    split: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if split:  # every decode sequence in a group of its own
+        monkeypatch.setattr(attention, "DECODE_GROUP_BYTES", 1)
     n_heads, n_kv = heads
     arch = tiny_arch(n_heads, n_kv)
     meta, cells = make_step(STEPS[step], n_pages=40, seed=len(step))
@@ -113,7 +120,7 @@ def test_paged_attention_matches_reference(
     store_kv(kv.k[0], kv.v[0], meta.slot_mapping, k_new, v_new)
     k_flat = kv.k[0].view(-1, n_kv, arch.head_dim)
     assert torch.equal(k_flat[meta.slot_mapping], k_new)
-    got = paged_attention(q, kv.k[0], kv.v[0], prepare(meta, n_heads // n_kv))
+    got = paged_attention(q, kv.k[0], kv.v[0], prepare(meta, arch, dtype))
     want = reference(q, k_flat, kv.v[0].view(-1, n_kv, arch.head_dim), meta, cells)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert got.shape == q.shape and got.dtype == dtype
@@ -124,7 +131,7 @@ def test_prepare_rejects_rows_beyond_context() -> None:
     meta, _ = make_step([(3, 3)], n_pages=4, seed=0)
     bad = AttentionMetadata(meta.slot_mapping, meta.query_start, [2], meta.cell_index, 3)
     with pytest.raises(ValueError, match="bad step"):
-        prepare(bad, 1)
+        prepare(bad, tiny_arch(), torch.float32)
 
 
 def test_kv_cache_pages() -> None:

@@ -52,7 +52,7 @@ class Block(nn.Module):
         k_cache: Tensor,  # [pages, page_size, kv_heads, head_dim]
         v_cache: Tensor,
         meta: AttentionMetadata,
-        plan: object,  # ops.prepare_attention(meta, ...), shared by all layers
+        plan: object,  # ops.prepare_attention(meta, ...): built once per step, used by all layers
         ops: OpSet,
     ) -> Tensor:
         a = self.arch
@@ -185,7 +185,7 @@ class LlamaModel(nn.Module):
         a = self.arch
         x = F.embedding(token_ids, self.embed)  # [T, hidden]
         rope = self.rope.at(positions, self.dtype)  # looked up once, used by every layer
-        plan = ops.prepare_attention(meta, a.q_per_kv)
+        plan = ops.prepare_attention(meta, a, kv.k[0].dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, kv.k[i], kv.v[i], meta, plan, ops)
         x = x.index_select(0, logit_rows)  # [S, hidden]: the norm is row-wise, so select first

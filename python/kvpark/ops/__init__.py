@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvpark.ops import attention, kv_cache, linear, norm, rope
 from kvpark.ops.kv_cache import KVCache
 from kvpark.ops.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from kvpark.model.arch import ModelArch
 
 Tensor = torch.Tensor
 
@@ -32,8 +35,8 @@ class OpSet:
     rope: Callable[[Tensor, Tensor, Tensor], Tensor]
     # k_cache, v_cache [pages, page_size, kv_heads, D], slot_mapping [T], k, v [T, kv_heads, D]
     store_kv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
-    # (meta, q_per_kv) -> a plan built once per step and handed to every layer's attention
-    prepare_attention: Callable[[AttentionMetadata, int], Any]
+    # (meta, arch, KV dtype) -> a plan built once per step and handed to every layer's attention
+    prepare_attention: Callable[[AttentionMetadata, ModelArch, torch.dtype], Any]
     # q [T, heads, D], k_cache, v_cache, plan -> [T, heads, D]
     attention: Callable[[Tensor, Tensor, Tensor, Any], Tensor]
 
