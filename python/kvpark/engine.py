@@ -259,9 +259,9 @@ class LLMEngine:
 
     def _drop(self, req: Request) -> None:
         """The request leaves: its cells, slot, park buffer and per-choice state go back."""
-        if self.preemption is not None:
-            self.preemption.forget(req)
         self.scheduler.release(req)
+        if self.preemption is not None:  # after the release, so the gauges see it gone
+            self.preemption.forget(req)
         self._requests.pop(req.request_id, None)
         for j in range(req.params.n):
             self._text.pop((req.request_id, j), None)
@@ -271,3 +271,6 @@ class LLMEngine:
         self.stats.requests_running = len(self.scheduler.running)
         self.stats.requests_waiting = len(self.scheduler.waiting)
         self.stats.kv_cells_used = self.scheduler.pool.cells_used()
+        self.stats.requests_preempted = len(self.scheduler.parked)
+        if self.preemption is not None:
+            self.stats.preempt_ram_bytes = self.preemption.parking.held_bytes
