@@ -16,6 +16,7 @@ import pytest
 
 from kvpark.outputs import ErrorEvent, FinishedEvent, NoticeEvent, StreamEvent, TokenEvent
 from kvpark.sampling import SamplingParams
+from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import End, FanIn, PromptEvent, Timeout
 from kvpark.server.responses import ResponseBuilder
@@ -257,3 +258,27 @@ def test_a_disconnect_closes_the_engine_streams() -> None:
     sent = asyncio.run(main())
     assert sorted(closed) == ["req-0", "req-1"]
     assert sent and not any(m.get("more_body") is False for _, m in sent)
+
+
+def test_work_that_swallows_a_cancellation_still_ends_when_the_client_leaves() -> None:
+    # asyncio.wait_for before Python 3.12 can swallow a cancellation; an endless stream must still
+    # stop once its client is gone.
+    swallowed: list[bool] = []
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            swallowed.append(True)
+        while True:
+            await asyncio.sleep(0.01)
+
+    async def receive() -> MutableMapping[str, Any]:
+        await asyncio.sleep(0.1)
+        return {"type": "http.disconnect"}
+
+    async def main() -> str | None:
+        return await asyncio.wait_for(unless_disconnected(receive, stubborn()), 10)
+
+    assert asyncio.run(main()) is None
+    assert swallowed == [True]

@@ -15,6 +15,8 @@ from starlette.types import Receive
 
 T = TypeVar("T")
 
+RECANCEL_S = 1.0
+
 
 async def wait_for_disconnect(receive: Receive) -> None:
     while True:
@@ -31,11 +33,13 @@ async def unless_disconnected(receive: Receive, work: Coroutine[object, object, 
         await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch_task.cancel()
-        if not work_task.done():
-            work_task.cancel()
         await asyncio.gather(watch_task, return_exceptions=True)
-        # Wait for the work's own cleanup (aborting the engine requests) to finish.
-        await asyncio.gather(work_task, return_exceptions=True)
+        # Wait for the work's own cleanup (aborting the engine requests) to finish. Cancel again
+        # while it runs on: code below us may swallow one cancellation (asyncio.wait_for before
+        # Python 3.12 does), and an endless stream must not outlive its client.
+        while not work_task.done():
+            work_task.cancel()
+            await asyncio.wait({work_task}, timeout=RECANCEL_S)
     if work_task.cancelled():
         return None
     return work_task.result()

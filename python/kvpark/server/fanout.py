@@ -76,13 +76,24 @@ class FanIn:
         while True:
             if self._running == 0 and self._queue.empty():
                 return "end"
-            try:
-                item = await asyncio.wait_for(self._queue.get(), timeout)
-            except asyncio.TimeoutError:
-                return "timeout"
-            if item is not None:
+            item = await self._get(timeout)
+            if item == "timeout" or item is not None:
                 return item
             self._running -= 1
+
+    async def _get(self, timeout: float | None) -> PromptEvent | Timeout | None:
+        # Not asyncio.wait_for: before Python 3.12 it returns the result instead of raising when
+        # it is cancelled just as the queue delivers, and a lost cancellation after a disconnect
+        # would keep an endless stream running.
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        getter = asyncio.ensure_future(self._queue.get())
+        try:
+            done, _ = await asyncio.wait({getter}, timeout=timeout)
+        finally:
+            if not getter.done():
+                getter.cancel()  # a cancelled Queue.get leaves its item in the queue
+        return getter.result() if done else "timeout"
 
     async def _pump(self, prompt: int, ids: list[int], params: SamplingParams) -> None:
         stream = self._generate(ids, params, self.engine_request_id(prompt))
