@@ -1,6 +1,6 @@
 """Where a kvpark decode step spends its time, on an in-process engine (no HTTP).
 
-    .venv/bin/python bench/profile_engine.py --batch 1,8,16 --threads 2
+    .venv/bin/python bench/profile_engine.py --batch 1,8,16 --threads 2 [--exact]
 
 For each batch size it starts that many requests (seeded prompts of ~64 tokens), runs them through
 their prefill, then times ``--steps`` decode steps: the whole ``engine.step()``, the part inside
@@ -112,9 +112,10 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--exact", action="store_true", help="exact mode's row-invariant ops")
     p.add_argument("--top", type=int, default=0, help="also print each batch's top N ops")
     args = p.parse_args()
-    llm = LLM(model=args.model, threads=args.threads, dtype=args.dtype)
+    llm = LLM(model=args.model, threads=args.threads, dtype=args.dtype, exact=args.exact)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     for batch in (int(b) for b in args.batch.split(",")):
         max_tokens = 2 * args.steps + 4

@@ -70,7 +70,7 @@ def test_serve_flags_become_configs() -> None:
     s = engine.scheduler  # type: ignore[attr-defined]
     assert (s.parallel, s.max_batch_tokens, s.max_model_len) == (3, 256, 1024)
     assert (s.preempt_ram_mib, s.preempt, s.preempt_policy) == (-1, False, "cost")
-    assert s.preempt_async is False and s.exact is True
+    assert s.preempt_async is False and engine.model.exact is True  # type: ignore[attr-defined]
     assert engine.model.dtype == "bfloat16" and engine.model.threads == 1  # type: ignore[attr-defined]
     assert server.api_key == "k" and server.sse_ping_interval == 0.5  # type: ignore[attr-defined]
     assert server.log_format == "json" and server.port == 9001  # type: ignore[attr-defined]
@@ -86,7 +86,7 @@ def test_env_mirrors_every_flag_and_the_command_line_wins(monkeypatch: pytest.Mo
     assert engine.pool.kv_cells == 1024  # type: ignore[attr-defined]
     assert engine.scheduler.preempt is False  # type: ignore[attr-defined]
     assert engine.scheduler.preempt_async is False  # type: ignore[attr-defined]
-    assert engine.scheduler.exact is True  # type: ignore[attr-defined]
+    assert engine.model.exact is True  # type: ignore[attr-defined]
     assert server.port == 9200  # type: ignore[attr-defined]
 
 

@@ -140,7 +140,7 @@ class AsyncEngine:
                 "page_size": self.config.pool.page_size,
                 "parallel": s.parallel,
             },
-            "exact": False,
+            "exact": self.ready and self.engine.runner.ops.row_invariant,
             "preempt": {
                 "enabled": s.preempt,
                 "ram_mib": s.preempt_ram_mib,

@@ -20,7 +20,8 @@ class ModelConfig:
     model: str | None = None  # GGUF file or Hugging Face directory; None: the default model
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CPU/CUDA)
     device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # CPU threads for torch; 0: all cores
+    threads: int = 0  # CPU threads for torch; 0: all cores (at most 2 in exact mode)
+    exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,6 @@ class SchedulerConfig:
     preempt: bool = True
     preempt_policy: str = "fcfs"  # fcfs | cost
     preempt_async: bool = True
-    exact: bool = False
 
 
 @dataclass(frozen=True)

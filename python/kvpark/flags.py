@@ -224,7 +224,11 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
         p.error(f"--kv-cells {args.kv_cells} must be a multiple of --page-size {args.page_size}")
     return EngineConfig(
         model=ModelConfig(
-            model=args.model, dtype=args.dtype, device=args.device, threads=args.threads
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            threads=args.threads,
+            exact=args.exact,
         ),
         pool=PoolConfig(kv_cells=args.kv_cells, page_size=args.page_size),
         scheduler=SchedulerConfig(
@@ -236,7 +240,6 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             preempt=not args.no_preempt,
             preempt_policy=args.preempt_policy,
             preempt_async=args.preempt_async,
-            exact=args.exact,
         ),
         seed=args.seed,
     )

@@ -7,6 +7,7 @@ KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -51,11 +52,44 @@ def _cpu_has_bf16() -> bool:
     return probe is not None and "AVX512" in str(probe())
 
 
+EXACT_CPU_THREADS = 2
+
+
+def exact_cpu_threads(requested: int) -> int:
+    """Threads for exact mode on CPU. Elementwise transcendental ops (exp, silu) compute the scalar
+    tail of a vectorised loop with another formula, and with more than two threads a thread's range
+    can end mid-vector at a place that depends on the step's size (see chunked_attention.py)."""
+    if requested > EXACT_CPU_THREADS:
+        raise ValueError(
+            f"exact mode on CPU runs with at most {EXACT_CPU_THREADS} threads (asked for "
+            f"{requested}): with more, a row's bits could depend on the size of its step"
+        )
+    return requested or min(EXACT_CPU_THREADS, os.cpu_count() or 1)
+
+
+def select_ops(exact: bool, device: torch.device) -> OpSet:
+    """CPU: the torch ops, or their row-invariant versions. CUDA: the Triton kernels, with cuBLAS
+    matmuls in normal mode and the batch-invariant Triton matmul in exact mode."""
+    if device.type == "cpu":
+        return OpSet.exact() if exact else OpSet.default()
+    if device.type != "cuda":
+        if exact:
+            raise ValueError(f"exact mode runs on cpu or cuda, not {device.type}")
+        return OpSet.default()
+    from kvpark.ops.triton_ops import cuda_ops, triton_ops
+
+    return triton_ops() if exact else cuda_ops()
+
+
 class Runner:
     def __init__(self, model_config: ModelConfig, pool_config: PoolConfig) -> None:
-        if model_config.threads > 0:
-            torch.set_num_threads(model_config.threads)
         self.device = resolve_device(model_config.device)
+        self.ops = select_ops(model_config.exact, self.device)
+        threads = model_config.threads
+        if model_config.exact and self.device.type == "cpu":
+            threads = exact_cpu_threads(threads)
+        if threads > 0:
+            torch.set_num_threads(threads)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         started = time.perf_counter()
         self.loaded: LoadedModel = load_model(model_config.model, self.dtype, self.device)
@@ -74,7 +108,7 @@ class Runner:
             self.dtype,
             self.device,
         )
-        self.ops = OpSet.default()
+        log.info("ops: %s%s", self.ops.name, " (row-invariant)" if self.ops.row_invariant else "")
 
     @property
     def model(self) -> torch.nn.Module:

@@ -3,7 +3,9 @@
 ``llama.py`` calls every matmul, norm, rope, KV store and attention through an OpSet, never torch
 directly, so that exact mode (SPEC §6) can swap in batch-invariant versions without touching the
 model.
-``OpSet.default()`` is the fast torch reference path.
+``OpSet.default()`` is the fast torch reference path; ``OpSet.exact()`` is row-invariant (SPEC §6):
+fixed row tiles for matmuls and fixed query tiles and key chunks for attention, with the row-wise
+norm, rope and KV store of the default set.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvpark.ops import attention, kv_cache, linear, norm, rope
+from kvpark.ops import attention, chunked_attention, kv_cache, linear, norm, rope, tiled_linear
 from kvpark.ops.kv_cache import KVCache
 from kvpark.ops.metadata import AttentionMetadata
 
@@ -27,6 +29,8 @@ Tensor = torch.Tensor
 @dataclass(frozen=True)
 class OpSet:
     name: str
+    # whether a row's result is independent of the other rows of a step (exact mode needs it)
+    row_invariant: bool
     # x [rows, in], weight [out, in], bias [out] | None -> [rows, out]
     linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]
     # x [..., d], weight [d], eps -> [..., d]
@@ -44,15 +48,31 @@ class OpSet:
     def default() -> OpSet:
         return _DEFAULT
 
+    @staticmethod
+    def exact() -> OpSet:
+        return _EXACT
+
 
 _DEFAULT = OpSet(
     name="default",
+    row_invariant=False,
     linear=linear.linear,
     rms_norm=norm.rms_norm,
     rope=rope.apply_rope,
     store_kv=kv_cache.store_kv,
     prepare_attention=attention.prepare,
     attention=attention.paged_attention,
+)
+
+_EXACT = OpSet(
+    name="exact",
+    row_invariant=True,
+    linear=tiled_linear.tiled_linear,
+    rms_norm=norm.rms_norm,  # row-wise reductions: invariant as they are (feasibility §3.1)
+    rope=rope.apply_rope,  # elementwise products and sums: exact per element
+    store_kv=kv_cache.store_kv,
+    prepare_attention=chunked_attention.prepare,
+    attention=chunked_attention.chunked_attention,
 )
 
 __all__ = ["AttentionMetadata", "KVCache", "OpSet"]
