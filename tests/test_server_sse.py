@@ -141,12 +141,34 @@ def test_a_parked_stream_gets_keepalives_not_pings() -> None:
 
 def test_an_idle_stream_gets_plain_pings() -> None:
     script: list[tuple[float, int, StreamEvent]] = [
-        (0.5, 0, token("x", "stop")),
+        (0.0, 0, token("x")),
+        (0.5, 0, token("y", "stop")),
         (0.5, 0, FINISHED),
     ]
     frames = asyncio.run(collect(script, ping=0.1))
     assert frames.count(PING) >= 3
     assert KEEPALIVE not in frames
+
+
+def test_no_ping_opens_a_stream() -> None:
+    # a request that waits for its first token sends nothing: its first bytes are a token, a
+    # notice or its error (which can then still be a plain JSON answer)
+    script: list[tuple[float, int, StreamEvent]] = [
+        (0.5, 0, NoticeEvent("preempted")),
+        (0.5, 0, NoticeEvent("resumed")),
+        (0.5, 0, token("x", "stop")),
+        (0.5, 0, FINISHED),
+    ]
+    frames = asyncio.run(collect(script, ping=0.1))
+    assert frames[0] == b": preempted\n\n"
+
+
+def test_an_error_after_a_long_wait_is_still_plain_json() -> None:
+    frames = sse_frames(
+        ScriptedSource([(0.4, 0, ErrorEvent("too long", 400))]), builder(), 0.1, False
+    )
+    sent = [message for _, message in asyncio.run(run_asgi(SSEResponse(frames)))]
+    assert sent[0]["status"] == 400
 
 
 def test_keepalive_period_is_the_smaller_of_ping_and_two_seconds() -> None:

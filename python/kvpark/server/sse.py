@@ -8,7 +8,9 @@ Notices (``: preempted``, ``: resumed``, ``: recomputed``) are SSE comments, inv
 that ignore comments; in a request of several prompts each names its prompt (``: preempted 1``).
 Pings are comments too: ``:`` after ``ping_interval`` s without a frame, or ``: preempt-keepalive``
 every ``min(ping_interval, 2 s)`` while any prompt of the request is parked. ``ping_interval <= 0``
-turns the plain ping off but keeps the keepalive (every 2 s).
+turns the plain ping off but keeps the keepalive (every 2 s). No ping opens a stream: before its
+first frame a request is only waiting, and its first bytes must be a token, a park notice (a
+request parked before its first token opens its stream with the notice, SPEC §3.4) or its error.
 
 Status and headers go out with the first frame, so a request the engine fails before producing
 anything still gets a plain JSON error with its own status; once a frame is out, an error travels
@@ -102,7 +104,7 @@ async def sse_frames(
     pacer = Pacer(ping_interval, keepalive_cap)
     started = False
     while True:
-        item = await events.next(pacer.timeout())
+        item = await events.next(pacer.timeout() if started else None)
         frames: list[bytes] = []
         if item == "end":
             break
