@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kvpark.ops.kv_cache import store_kv as torch_store_kv
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -107,10 +109,8 @@ def store_kv_reference(
     k: torch.Tensor,
     v: torch.Tensor,
 ) -> None:
-    """The torch definition: one ``index_copy_`` per cache along the flat cells."""
-    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, n_kv, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, n_kv, head_dim).index_copy_(0, slot_mapping, v)
+    """The torch definition: the CPU op set's ``index_copy_`` along the flat cells."""
+    torch_store_kv(k_cache, v_cache, slot_mapping, k, v)
 
 
 if __name__ == "__main__":

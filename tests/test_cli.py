@@ -110,6 +110,7 @@ def test_every_serve_flag_has_an_env_name() -> None:
         "PREEMPT_POLICY",
         "PREEMPT_ASYNC",
         "EXACT",
+        "RUNNER",
         "API_KEY",
         "API_KEY_FILE",
         "SSE_PING_INTERVAL",

@@ -11,6 +11,7 @@ import torch
 
 import kvpark
 from kvpark import SamplingParams
+from kvpark.outputs import NoticeEvent, TokenEvent
 from kvpark.request import ParkMode
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."
@@ -96,6 +97,30 @@ def test_seeded_sampling_survives_recompute_parks(monkeypatch: pytest.MonkeyPatc
     parked = make(monkeypatch, every=6, preempt_ram_mib=0).generate(PROMPT, params)[0]
     assert parked.finished is not None and parked.finished.recomputes >= 3
     assert parked.token_ids == plain.token_ids  # the replay draws nothing from the generator
+
+
+def test_a_recompute_resume_starts_its_rotation_clock_when_the_replay_catches_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A replay can take longer than the 2 s rotation protection: counted from the resume, a
+    # resident would be rotatable again right after its replay, and recompute parks would thrash.
+    llm = make(monkeypatch, every=6, preempt_ram_mib=0, max_batch_tokens=8)
+    engine = llm.engine
+    engine.add_request("r", llm.tokenizer.encode(PROMPT), greedy(20))
+    req = engine._requests["r"]
+    caught_up = replay_steps = 0
+    while engine.has_work:
+        was_replaying = req.park.replaying
+        events = engine.step().get("r", [])
+        resumed = any(isinstance(e, NoticeEvent) and e.kind == "recomputed" for e in events)
+        got_token = any(isinstance(e, TokenEvent) for e in events)
+        if req.park.replaying:  # resumed, still replaying: no token yet
+            assert not got_token
+            replay_steps += 1
+        elif got_token and (was_replaying or resumed):  # this step's token ends the replay
+            caught_up += 1
+            assert req.park.resumed_at == req.last_token_time
+    assert caught_up >= 2 and replay_steps >= 2
 
 
 @pytest.mark.parametrize("policy", POLICIES)

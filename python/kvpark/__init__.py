@@ -6,6 +6,9 @@ from kvpark.async_engine import AsyncEngine
 from kvpark.config import EngineConfig, ModelConfig, PoolConfig, SchedulerConfig, ServerConfig
 from kvpark.engine import LLMEngine, RequestRejected
 from kvpark.llm import LLM, RequestOutput
+from kvpark.model import Tokenizer, load_tokenizer
+from kvpark.plan import StepItem, StepPlan
+from kvpark.runner_protocol import Runner, RunnerFactory
 from kvpark.sampling import SamplingParams
 
 __all__ = [
@@ -17,8 +20,14 @@ __all__ = [
     "PoolConfig",
     "RequestOutput",
     "RequestRejected",
+    "Runner",
+    "RunnerFactory",
     "SamplingParams",
     "SchedulerConfig",
     "ServerConfig",
+    "StepItem",
+    "StepPlan",
+    "Tokenizer",
+    "load_tokenizer",
 ]
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ from kvpark.config import EngineConfig
 from kvpark.engine import LLMEngine, RequestRejected
 from kvpark.model.tokenizer import Tokenizer
 from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent
+from kvpark.runner_protocol import Runner, RunnerFactory
 from kvpark.sampling import SamplingParams
 from kvpark.slots import describe_slots
 from kvpark.stats import EngineStats
@@ -38,8 +39,10 @@ _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
+        """``runner`` as for ``LLMEngine``; it is built on the engine thread when a factory."""
         self.config = config
+        self._runner = runner
         self.ready = False
         self.load_error: str | None = None
         self._engine: LLMEngine | None = None
@@ -140,12 +143,15 @@ class AsyncEngine:
                 "page_size": self.config.pool.page_size,
                 "parallel": s.parallel,
             },
-            "exact": self.ready and self.engine.runner.ops.row_invariant,
+            # true only when exact mode runs: asked for, and a row-invariant runner doing it
+            "exact": self.ready and self.config.model.exact and self.engine.runner.row_invariant,
             "preempt": {
                 "enabled": s.preempt,
                 "ram_mib": s.preempt_ram_mib,
                 "policy": s.preempt_policy,
-                "async": False,
+                "async": self.ready
+                and self.engine.preemption is not None
+                and self.engine.preemption.asynchronous,
                 "notices": True,
                 "granularity": self.config.pool.page_size,
             },
@@ -164,7 +170,7 @@ class AsyncEngine:
     # ----------------------------------------------------------------- engine thread
     def _main(self) -> None:
         try:
-            self._engine = LLMEngine(self.config)
+            self._engine = LLMEngine(self.config, self._runner)
         except Exception as e:
             log.exception("loading the model failed")
             self.load_error = f"{type(e).__name__}: {e}"
@@ -185,6 +191,7 @@ class AsyncEngine:
                 self._slots = describe_slots(self._engine)
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
+        self._engine.close()  # shutdown: copies in flight land, then every cell and buffer is freed
 
     def _drain_inbox(self) -> None:
         assert self._engine is not None

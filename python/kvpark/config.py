@@ -22,6 +22,10 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # CPU threads for torch; 0: all cores (at most 2 in exact mode)
     exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
+    cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
+    # "module:factory" of a custom runner, called with the EngineConfig (docs/custom-runners.md);
+    # None: the built-in TorchRunner
+    runner: str | None = None
 
 
 @dataclass(frozen=True)

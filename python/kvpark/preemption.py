@@ -8,6 +8,9 @@ Each step, before the batch is built (every request sits at a token boundary)::
              recompute, or a failed host allocation → free the cells; the tokens replay on resume
     resume:  fresh pages; swap → Parking.swap_in; recompute → its known tokens become prompt rows
 
+``park_moves.py`` carries each park and resume out, through the in-flight states ``parking`` and
+``restoring`` when the copy is asynchronous; this file decides them and lands the copies first.
+
 A replay never draws from the request's generator: only a sequence's newest token is sampled, and
 that draw would have happened without the park too.
 """
@@ -16,27 +19,25 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
-from kvpark._core import Action, Planner, RequestView
+from kvpark._core import Action, Planner
 from kvpark.config import SchedulerConfig
 from kvpark.env import Knobs
-from kvpark.outputs import ErrorEvent, NoticeEvent, StreamEvent
+from kvpark.outputs import ErrorEvent
+from kvpark.park_moves import Events as Events
+from kvpark.park_moves import ParkMoves
 from kvpark.parking import Parking
+from kvpark.planner_views import planner_views
 from kvpark.request import ParkMode, Request
 from kvpark.scheduler import CONTEXT_ERROR, Scheduler
 from kvpark.stats import EngineStats, Observations
 
 log = logging.getLogger("kvpark.preempt")
 MIB = 2**20
-
-
-@dataclass
-class Events:
-    by_request: dict[str, list[StreamEvent]] = field(default_factory=dict)
-
-    def add(self, req: Request, event: StreamEvent) -> None:
-        self.by_request.setdefault(req.request_id, []).append(event)
+MARGIN_CELLS = 8  # headroom the planner keeps free (rounded up to a page)
+# An async park frees its cells only when its copy lands, so it must start early enough to leave
+# room for the steps in between: this many rows of runway per running request (original §3.2).
+ASYNC_RUNWAY_STEPS = 8
 
 
 class Preemption:
@@ -57,21 +58,25 @@ class Preemption:
         self.knobs = knobs
         budget = -1 if config.preempt_ram_mib < 0 else config.preempt_ram_mib * MIB
         self.budget_bytes = budget
-        # planner off: plan() parks nothing for pressure (resumes still come from it); a step
-        # that fails to allocate asks choose_victims() instead
-        self.planner = Planner(
-            policy="cost" if config.preempt_policy == "cost" else "fcfs",
-            ram_budget_bytes=budget,
-            park_ahead=knobs.preempt_planner,
-        )
+        self._planners: dict[int, Planner] = {}  # by margin; see _planner()
+        self.moves = ParkMoves(scheduler, parking, stats, observations)
         self.failed: list[Request] = []  # failed by a planner action; the engine releases them
 
     # ----------------------------------------------------------------- each step
+    @property
+    def asynchronous(self) -> bool:
+        return self.parking.asynchronous
+
     def before_step(self, events: Events) -> None:
+        self.moves.land(events)
+        self._refresh_gauges()
         now = time.monotonic()
-        actions = self.planner.plan(
-            self.scheduler.pool, self._views(now), self.parking.capacities(), int(now * 1000)
-        )
+        actions = self._plan(now)
+        if self.moves.parks_in_flight() and any(a.kind in ("park", "rotate") for a in actions):
+            # the pool still counts the cells of a park in flight, which the planner cannot know
+            # are leaving: wait for them instead of parking someone else on top
+            self.moves.land(events, wait_parks=True)
+            actions = self._plan(now)
         self._apply(actions, events, now)
         if self.knobs.preempt_every > 0:  # after the plan: a forced park sits out at least one step
             self._park_on_schedule(events, now)
@@ -79,12 +84,21 @@ class Preemption:
 
     def relieve(self, shortfall: int, events: Events) -> bool:
         """A step's decodes lack ``shortfall`` cells: park victims. False when nobody can go."""
+        if self.moves.parks_in_flight():  # their cells are what the step lacks
+            self.moves.land(events, wait_parks=True)
+            return True
         now = time.monotonic()
-        actions = self.planner.choose_victims(
-            self.scheduler.pool, self._views(now), self.parking.capacities(), shortfall
+        views = planner_views(self.scheduler, self.parking, now)
+        actions = self._planner().choose_victims(
+            self.scheduler.pool, views, self.parking.capacities(), shortfall
         )
         self._apply(actions, events, now)
+        self.moves.land(events, wait_parks=True)  # this step needs the room now
         return any(a.kind == "park" for a in actions)
+
+    def settle(self, req: Request) -> None:
+        """Before a request leaves (abort, shutdown): wait for a copy of its cells in flight."""
+        self.moves.settle(req)
 
     def forget(self, req: Request) -> None:
         """A request left its slot (finished, failed, aborted): its park buffer goes back."""
@@ -93,72 +107,29 @@ class Preemption:
             req.park.buffer_slot = None
         self._refresh_gauges()
 
-    # ----------------------------------------------------------------- snapshot
-    def _views(self, now: float) -> list[RequestView]:
-        sched = self.scheduler
-        rows = sched.next_rows()
-        views = []
-        for req in sched.running:
-            seqs = req.live_sequences
-            views.append(
-                self._view(
-                    req,
-                    now,
-                    running=True,
-                    seq_ids=[s.seq_id for s in seqs],
-                    next_cells=[(s.seq_id, s.num_computed + rows.get(s.seq_id, 0)) for s in seqs],
-                )
+    # ----------------------------------------------------------------- planning
+    def _planner(self) -> Planner:
+        margin = MARGIN_CELLS
+        if self.parking.asynchronous:
+            margin += ASYNC_RUNWAY_STEPS * (
+                len(self.scheduler.running) + len(self.scheduler.transferring)
             )
-        rows_budget = sched.config.max_batch_tokens
-        for req in sched.parked:
-            seq = req.sequences[0]
-            # a swap comes back with its cells plus one step; a recompute with its whole replay,
-            # so that it is not parked again halfway through it
-            step = 1 if seq.pending_rows == 1 else min(seq.pending_rows, rows_budget)
-            need = (
-                len(seq.tokens) if req.park.mode is ParkMode.RECOMPUTE else seq.num_computed + step
+        planner = self._planners.get(margin)
+        if planner is None:
+            # planner off: plan() parks nothing for pressure (resumes still come from it); a step
+            # that fails to allocate asks choose_victims() instead
+            planner = self._planners[margin] = Planner(
+                policy="cost" if self.config.preempt_policy == "cost" else "fcfs",
+                margin_cells=margin,
+                ram_budget_bytes=self.budget_bytes,
+                park_ahead=self.knobs.preempt_planner,
             )
-            views.append(
-                self._view(req, now, running=False, seq_ids=[], next_cells=[], resume_cells=need)
-            )
-        return views
+        return planner
 
-    def _view(
-        self,
-        req: Request,
-        now: float,
-        *,
-        running: bool,
-        seq_ids: list[int],
-        next_cells: list[tuple[int, int]],
-        resume_cells: int = 0,
-    ) -> RequestView:
-        seq = req.sequences[0]
-        park = req.park
-        return RequestView(
-            id=req.key,
-            arrival=req.key,
-            state="running" if running else "parked",
-            mode=None if running or park.mode is None else park.mode.value,
-            seq_ids=seq_ids,
-            next_cells=next_cells,
-            resume_cells=resume_cells,
-            state_bytes=self.parking.state_bytes(seq.num_computed),
-            parks=park.parks,
-            parked_at_ms=None if running else int(park.parked_at * 1000),
-            resumed_at_ms=None if park.resumed_at is None else int(park.resumed_at * 1000),
-            tokens_since_resume=seq.num_output - park.output_at_resume,
-            family=len(req.sequences) > 1,
-            refused=False,
-            # a family member that finished gave its slot back; families never park anyway
-            slot=next(
-                (
-                    self.scheduler.slot_of[s.seq_id]
-                    for s in req.live_sequences
-                    if s.seq_id in self.scheduler.slot_of
-                ),
-                0,
-            ),
+    def _plan(self, now: float) -> list[Action]:
+        views = planner_views(self.scheduler, self.parking, now)
+        return self._planner().plan(
+            self.scheduler.pool, views, self.parking.capacities(), int(now * 1000)
         )
 
     # ----------------------------------------------------------------- actions
@@ -172,7 +143,7 @@ class Preemption:
                     freed / MIB,
                 )
             elif action.kind == "park":
-                self.park(
+                self.moves.park(
                     by_key[action.request or 0],
                     _mode(action.mode),
                     action.buffer_capacity,
@@ -180,18 +151,18 @@ class Preemption:
                     now,
                 )
             elif action.kind == "resume":
-                self.resume(by_key[action.request or 0], events, now)
+                self.moves.resume(by_key[action.request or 0], events, now)
             elif action.kind == "rotate":
                 victim, head = by_key[action.request or 0], by_key[action.head or 0]
                 waited = now - head.park.parked_at
-                self.park(victim, _mode(action.mode), action.buffer_capacity, events, now)
+                self.moves.park(victim, _mode(action.mode), action.buffer_capacity, events, now)
                 self.stats.rotations_total += 1
                 log.info(
                     "rotated out request %s: a head parked %.1f s takes its turn",
                     victim.request_id,
                     waited,
                 )
-                self.resume(head, events, now)
+                self.moves.resume(head, events, now)
             elif action.kind == "fail":
                 req = by_key[action.request or 0]
                 log.warning(
@@ -202,78 +173,6 @@ class Preemption:
                 self.failed.append(req)
                 events.add(req, ErrorEvent(CONTEXT_ERROR, 500, "exceed_context_size_error"))
         self._refresh_gauges()
-
-    def park(self, req: Request, mode: ParkMode, capacity: int, events: Events, now: float) -> None:
-        seq = req.sequences[0]
-        slot = self.scheduler.slot_of[seq.seq_id]
-        n_cells = seq.num_computed
-        started = time.perf_counter()
-        if mode is ParkMode.SWAP:
-            cells = self.scheduler.pool.slot_mapping(seq.seq_id, 0, n_cells)
-            if self.parking.swap_out(slot, cells, capacity) is None:
-                mode = ParkMode.RECOMPUTE  # the budget grants permission, not an allocation
-            else:
-                req.park.buffer_slot = slot
-        self.scheduler.park(req, mode)
-        copy_s = time.perf_counter() - started
-        req.park.parks += 1
-        req.park.mode = mode
-        req.park.parked_at = now
-        self.stats.preemptions_total[mode.value] += 1
-        if mode is ParkMode.RECOMPUTE:
-            req.park.recomputes += 1
-            log.info(
-                "preempted request %s by recompute: %d cells dropped, %d tokens to re-prefill"
-                ", kv %d/%d, parks %d",
-                req.request_id,
-                n_cells,
-                len(seq.tokens),
-                self.scheduler.pool.cells_used(),
-                self.scheduler.pool.n_cells,
-                req.parks,
-            )
-        else:
-            self.observations.add("transfer_duration_seconds", copy_s)
-            log.info(
-                "preempted request %s by swap: %d cells released in %.2f ms, %.1f MiB parked"
-                ", kv %d/%d, parks %d",
-                req.request_id,
-                n_cells,
-                copy_s * 1000,
-                self.parking.state_bytes(n_cells) / MIB,
-                self.scheduler.pool.cells_used(),
-                self.scheduler.pool.n_cells,
-                req.parks,
-            )
-        events.add(req, NoticeEvent("preempted"))
-
-    def resume(self, req: Request, events: Events, now: float) -> None:
-        seq = req.sequences[0]
-        mode = req.park.mode
-        started = time.perf_counter()
-        cells = self.scheduler.resume(req)
-        if mode is ParkMode.SWAP:
-            self.parking.swap_in(self.scheduler.slot_of[seq.seq_id], cells)
-            self.observations.add("transfer_duration_seconds", time.perf_counter() - started)
-        else:
-            self.stats.recomputed_tokens_total += req.park.dropped
-        self.observations.add("park_duration_seconds", now - req.park.parked_at)
-        self.stats.resumes_total += 1
-        req.park.mode = None
-        req.park.resumed_at = now
-        req.park.output_at_resume = seq.num_output
-        log.info(
-            "resumed request %s after %.2f s: %d cells back, kv %d/%d, parks %d",
-            req.request_id,
-            now - req.park.parked_at,
-            len(cells),
-            self.scheduler.pool.cells_used(),
-            self.scheduler.pool.n_cells,
-            req.parks,
-        )
-        events.add(req, NoticeEvent("resumed"))
-        if mode is ParkMode.RECOMPUTE:
-            events.add(req, NoticeEvent("recomputed"))
 
     def _park_on_schedule(self, events: Events, now: float) -> None:
         """KVPARK_PREEMPT_EVERY=N: park every generating request each N tokens, pressure or not."""
@@ -288,10 +187,11 @@ class Preemption:
                 need = self.parking.state_bytes(seq.num_computed)
                 fits = self.budget_bytes < 0 or self.parking.held_bytes + need <= self.budget_bytes
                 mode = ParkMode.SWAP if fits and self.budget_bytes != 0 else ParkMode.RECOMPUTE
-                self.park(req, mode, need, events, now)
+                self.moves.park(req, mode, need, events, now)
 
     def _refresh_gauges(self) -> None:
-        self.stats.requests_preempted = len(self.scheduler.parked)
+        in_transfer = len(self.scheduler.transferring)  # parking or restoring: counted as parked
+        self.stats.requests_preempted = len(self.scheduler.parked) + in_transfer
         self.stats.preempt_ram_bytes = self.parking.held_bytes
 
 

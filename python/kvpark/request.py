@@ -20,6 +20,8 @@ class RequestState(enum.Enum):
     WAITING = "waiting"  # admitted to the queue, holds no cells
     RUNNING = "running"  # holds cells; prefill or decode
     PARKED = "parked"  # out of the pool: swapped to host memory or dropped for a replay
+    PARKING = "parking"  # a swap's copy out is in flight: it keeps its cells, takes no step
+    RESTORING = "restoring"  # a swap's copy back is in flight into cells it holds; no step yet
     FINISHED = "finished"
 
 
@@ -67,8 +69,12 @@ class ParkRecord:
     parked_at: float = 0.0
     resumed_at: float | None = None
     output_at_resume: int = 0  # tokens generated when it last resumed (rotation protection)
+    # a recompute resume replays its tokens first: its residency (rotation protection) starts
+    # when the replay has caught up, or a replay longer than 2 s would leave it rotatable at once
+    replaying: bool = False
     dropped: int = 0  # cells a recompute park dropped: replayed on resume
     buffer_slot: int | None = None  # the slot whose host buffer a swap park used
+    copy_started: float = 0.0  # perf_counter() when the current copy out or back was issued
 
 
 @dataclass

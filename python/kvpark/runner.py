@@ -14,7 +14,9 @@ import torch
 
 from kvpark.batch import build_step_tensors
 from kvpark.config import ModelConfig, PoolConfig
+from kvpark.cuda_graphs import DecodeGraphs, graphs_wanted
 from kvpark.model.loader import LoadedModel, load_model
+from kvpark.model.tokenizer import Tokenizer
 from kvpark.ops import OpSet
 from kvpark.ops.kv_cache import KVCache
 from kvpark.plan import StepPlan
@@ -81,7 +83,10 @@ def select_ops(exact: bool, device: torch.device) -> OpSet:
     return triton_ops() if exact else cuda_ops()
 
 
-class Runner:
+class TorchRunner:
+    """The built-in ``kvpark.Runner``: kvpark's paged Llama-family model in torch, with the Triton
+    kernels on CUDA and the row-invariant ops in exact mode."""
+
     def __init__(self, model_config: ModelConfig, pool_config: PoolConfig) -> None:
         self.device = resolve_device(model_config.device)
         self.ops = select_ops(model_config.exact, self.device)
@@ -101,12 +106,18 @@ class Runner:
             self.device,
         )
         self.page_size = pool_config.page_size
+        use_graphs = graphs_wanted(model_config.cuda_graphs, self.device, self.ops)
         self.kv = KVCache.allocate(
             self.loaded.arch,
-            pool_config.kv_cells // self.page_size,
+            # with CUDA graphs, one scratch page past the pool's for padding rows (cuda_graphs.py)
+            pool_config.kv_cells // self.page_size + int(use_graphs),
             self.page_size,
             self.dtype,
             self.device,
+        )
+        max_cells = min(pool_config.kv_cells, self.loaded.arch.max_position)
+        self.graphs = (
+            DecodeGraphs(self.loaded.model, self.kv, self.ops, max_cells) if use_graphs else None
         )
         log.info("ops: %s%s", self.ops.name, " (row-invariant)" if self.ops.row_invariant else "")
 
@@ -114,11 +125,34 @@ class Runner:
     def model(self) -> torch.nn.Module:
         return self.loaded.model
 
+    # ----------------------------------------------------------------- what the engine reads
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.arch.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.loaded.arch.max_position
+
+    @property
+    def row_invariant(self) -> bool:
+        return self.ops.row_invariant
+
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run the plan's rows; returns logits [sampled rows, vocab] in float32."""
         if plan.page_copies:
             self.kv.copy_pages(plan.page_copies)
+        if self.graphs is not None and (graphed := self.graphs.run(plan)) is not None:
+            return graphed
         step = build_step_tensors(plan, self.page_size, self.device)
         logits: torch.Tensor = self.loaded.model(
             step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, self.ops
@@ -126,6 +160,11 @@ class Runner:
         return logits
 
     # ----------------------------------------------------------------- parking (CellCopier)
+    @property
+    def kv_cache(self) -> KVCache:
+        """The pool's K/V tensors: parking copies them asynchronously on CUDA (DeviceKVCopier)."""
+        return self.kv
+
     def bytes_per_cell(self) -> int:
         return self.kv.bytes_per_cell()
 

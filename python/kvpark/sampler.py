@@ -6,6 +6,11 @@ argmax. Logprobs are those of the model's raw distribution (log-softmax of the l
 processing), as the OpenAI API reports them.
 
 Each row is processed on its own, so its result never depends on which other rows share the step.
+
+Draws happen on the CPU, whatever the model's device: a request's generator is a CPU generator (so
+its stream is the same on every device and a park cannot perturb it), and ``torch.multinomial``
+refuses a generator of another device than its input. The rows that draw come to the host in one
+copy per step; greedy rows and logprobs stay on the device.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def sample_rows(
     greedy_argmax: list[int] | None = None
     if any(r.params.greedy and not _has_penalty(r.params) for r in rows):
         greedy_argmax = logits.argmax(dim=-1).tolist()
+    drawing = [i for i, r in enumerate(rows) if not r.params.greedy]
+    on_host = dict(zip(drawing, _to_host(logits, drawing), strict=True))
     for i, row in enumerate(rows):
         raw = logits[i]
         p = row.params
@@ -48,16 +55,23 @@ def sample_rows(
         if p.greedy and not _has_penalty(p):
             assert greedy_argmax is not None
             draws = [greedy_argmax[i]] * len(row.generators)
+        elif p.greedy:
+            draws = [int(_apply_penalties(raw, row.output_ids, p).argmax())] * len(row.generators)
         else:
-            processed = _apply_penalties(raw, row.output_ids, p)
-            if p.greedy:
-                draws = [int(processed.argmax())] * len(row.generators)
-            else:
-                probs = _filtered_probs(processed, p)
-                draws = [int(torch.multinomial(probs, 1, generator=g)) for g in row.generators]
+            probs = _filtered_probs(_apply_penalties(on_host[i], row.output_ids, p), p)
+            draws = [int(torch.multinomial(probs, 1, generator=g)) for g in row.generators]
         lp = _logprobs(raw, draws, p.logprobs) if p.logprobs is not None else [None] * len(draws)
         results.append(list(zip(draws, lp, strict=True)))
     return results
+
+
+def _to_host(logits: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+    """Rows ``rows`` of ``logits`` on the CPU, where the generators are: one copy for all."""
+    if not rows:
+        return []
+    if logits.device.type == "cpu":
+        return [logits[i] for i in rows]
+    return list(logits[torch.tensor(rows, device=logits.device)].cpu())
 
 
 def _has_penalty(p: SamplingParams) -> bool:

@@ -41,6 +41,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # hold cells, in arrival order
         self.parked: list[Request] = []  # hold a slot but no cells
+        self.transferring: list[Request] = []  # parking or restoring: hold cells, take no step
         self.slot_of: dict[int, int] = {}  # seq_id -> slot id
         self._free_slots = list(range(config.parallel - 1, -1, -1))
         self._next_seq_id = 1
@@ -57,7 +58,7 @@ class Scheduler:
                 self.waiting.remove(req)
                 req.state = RequestState.FINISHED
                 return req
-        for req in (*self.running, *self.parked):
+        for req in (*self.running, *self.transferring, *self.parked):
             if req.request_id == request_id:
                 self.release(req)
                 return req
@@ -68,8 +69,9 @@ class Scheduler:
         for seq in request.sequences:
             self._drop_sequence(seq)
             self.by_seq.pop(seq.seq_id, None)
-        if request in self.running:
-            self.running.remove(request)
+        for group in (self.running, self.transferring):
+            if request in group:
+                group.remove(request)
         if request in self.parked:
             self.parked.remove(request)
         if request in self.waiting:
@@ -89,7 +91,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.parked)
+        return bool(self.waiting or self.running or self.transferring or self.parked)
 
     @property
     def free_slot_count(self) -> int:
@@ -97,7 +99,8 @@ class Scheduler:
 
     def _slots_promised(self) -> int:
         """Slots that admitted ``n > 1`` requests will take when their prompt forks."""
-        return sum(r.params.n - len(r.sequences) for r in (*self.running, *self.parked))
+        held = (*self.running, *self.transferring, *self.parked)
+        return sum(r.params.n - len(r.sequences) for r in held)
 
     # ----------------------------------------------------------------- one step
     def next_rows(self) -> dict[int, int]:
@@ -152,7 +155,7 @@ class Scheduler:
     def _admit(self, items: list[StepItem], budget: int, outcome: StepOutcome) -> None:
         """FIFO admission: a head that does not fit blocks the queue, and so does a parked request
         (parked requests come back before anyone new is let in)."""
-        while self.waiting and budget > 0 and not self.parked:
+        while self.waiting and budget > 0 and not self.parked and not self.transferring:
             req = self.waiting[0]
             if req.params.n > self.free_slot_count - self._slots_promised():
                 return
@@ -185,14 +188,16 @@ class Scheduler:
         """Take a running request out of the pool; it keeps its slot.
 
         note: call only after a swap has copied the cells out: they are handed out again at once.
+        A request whose copy out is in flight waits in ``transferring`` (``hold``) until then.
         """
-        assert req in self.running and len(req.sequences) == 1, "only a lone sequence parks"
+        group = self.transferring if req in self.transferring else self.running
+        assert req in group and len(req.sequences) == 1, "only a lone sequence parks"
         seq = req.sequences[0]
         self.pool.free_sequence(seq.seq_id)
         if mode is ParkMode.RECOMPUTE:
             req.park.dropped = seq.num_computed
             seq.num_computed = 0  # every known token is replayed as a prompt row
-        self.running.remove(req)
+        group.remove(req)
         self.parked.append(req)
         req.state = RequestState.PARKED
 
@@ -207,11 +212,22 @@ class Scheduler:
         except PoolFullError:
             self.pool.free_sequence(seq.seq_id)
             raise
-        self.parked.remove(req)
+        self.land(req)
+        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed)
+
+    def hold(self, req: Request, state: RequestState) -> None:
+        """Take a running request out of the steps while a copy of its cells is in flight
+        (``PARKING`` or ``RESTORING``); it keeps its cells until ``park`` or ``land``."""
+        self.running.remove(req)
+        self.transferring.append(req)
+        req.state = state
+
+    def land(self, req: Request) -> None:
+        """Back into the steps: a parked request resumed, or a restoring one whose copy landed."""
+        (self.transferring if req in self.transferring else self.parked).remove(req)
         self.running.append(req)
         self.running.sort(key=lambda r: r.key)
         req.state = RequestState.RUNNING
-        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed)
 
     def _admission_fits(self, rows: int) -> bool:
         # keep a page of headroom for every decoding sequence, so admitting does not starve them

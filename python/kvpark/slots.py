@@ -17,12 +17,15 @@ def describe_slots(engine: LLMEngine) -> list[dict[str, object]]:
         req, seq = sched.by_seq[seq_id]
         in_prompt = seq.num_computed < seq.prompt_len
         parked = req.state is RequestState.PARKED
+        # a copy out (parking) or back (restoring) in flight: never both, never fully parked
+        moving = req.state in (RequestState.PARKING, RequestState.RESTORING)
+        state = req.state.value if parked or moving else ("prefill" if in_prompt else "decode")
         slots[slot] = {
             "id": slot,
-            "state": "parked" if parked else ("prefill" if in_prompt else "decode"),
+            "state": state,
             "is_processing": True,
             "is_preempted": parked,
-            "is_transferring": False,
+            "is_transferring": moving,
             "n_preempt": req.parks,
             "n_recompute": req.recomputes,
             "n_prompt_tokens": seq.prompt_len,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpark.model.arch import ModelArch, ModelLoadError, RopeScaling
 from kvpark.model.detokenizer import IncrementalDetokenizer
 from kvpark.model.llama import LlamaModel
-from kvpark.model.loader import LoadedModel, default_model_path, load_model
+from kvpark.model.loader import LoadedModel, default_model_path, load_model, load_tokenizer
 from kvpark.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "Tokenizer",
     "default_model_path",
     "load_model",
+    "load_tokenizer",
 ]

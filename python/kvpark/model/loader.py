@@ -70,6 +70,19 @@ def load_model(
     return LoadedModel(model, tokenizer, model.arch, name, time.perf_counter() - start)
 
 
+def load_tokenizer(path: str | None = None) -> Tokenizer:
+    """The tokenizer (and chat template) of a GGUF file or a HF directory, without loading any
+    weights; the default model's when ``path`` is None. What a custom runner can hand the engine
+    (docs/custom-runners.md)."""
+    path = path or default_model_path()
+    p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():
+        return hf_loader.tokenizer_from_dir(p, hf_loader.read_json(p / "config.json"))
+    if p.is_file() and gguf_loader.is_gguf(p):
+        return Tokenizer.from_gguf_metadata(gguf_loader.GgufFile(path).metadata)
+    raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
+
+
 def _fill(
     model: LlamaModel,
     weights: Iterable[tuple[str, torch.Tensor]],
