@@ -25,6 +25,18 @@ import kvpark
 STARTUP_TIMEOUT_S = (
     300.0  # loading takes ~10 s alone; much longer while other suites share the cores
 )
+# every /slots entry has exactly these fields (SPEC §3.3)
+SLOT_FIELDS = {
+    "id",
+    "state",
+    "is_preempted",
+    "is_transferring",
+    "n_preempt",
+    "n_recompute",
+    "n_prompt_tokens",
+    "n_cells",
+    "n_decoded",
+}
 TEST_FLAGS = ("--dtype", "float32", "--threads", "1", "--kv-cells", "4096", "--parallel", "4")
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server_fixtures import Server, serve_for_module
+from server_fixtures import SLOT_FIELDS, Server, serve_for_module
 
 PAGE = 16
 POOL = 512  # cells of the `pressure` and `reference` servers
@@ -62,17 +62,6 @@ ROTATIONS = "kvpark_rotations_total"
 PROMPT_TOKENS = "kvpark_prompt_tokens_total"
 GENERATED = "kvpark_generation_tokens_total"
 RECOMPUTED_TOKENS = "kvpark_recomputed_tokens_total"
-SLOT_FIELDS = {
-    "id",
-    "state",
-    "is_preempted",
-    "is_transferring",
-    "n_preempt",
-    "n_recompute",
-    "n_prompt_tokens",
-    "n_cells",
-    "n_decoded",
-}
 NOTICE = re.compile(r": (preempted|resumed|recomputed)( \d+)?")
 
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from server_fixtures import Server, serve_for_module
+from server_fixtures import SLOT_FIELDS, Server, serve_for_module
 
 MAX_TOKENS = 6
 
@@ -211,17 +211,7 @@ def test_props(server: Server) -> None:
 def test_slots(server: Server) -> None:
     slots = httpx.get(f"{server.base_url}/slots").json()
     assert len(slots) == 4
-    fields = {
-        "id",
-        "state",
-        "is_preempted",
-        "is_transferring",
-        "n_preempt",
-        "n_recompute",
-        "n_prompt_tokens",
-        "n_cells",
-        "n_decoded",
-    }
+    fields = SLOT_FIELDS
     for slot in slots:
         assert set(slot) >= fields
         assert not (slot["is_preempted"] and slot["is_transferring"])

@@ -78,6 +78,19 @@ class BenchOptions:
         fixed = self.requests_per_level
         return default_requests_per_level(concurrency) if fixed is None else fixed
 
+    def workload(self, requests: int, tag: str) -> WorkloadConfig:
+        """The seeded workload of one level: ``requests`` prompts, tagged so levels differ."""
+        return WorkloadConfig(
+            requests=requests,
+            prompt_tokens=self.prompt_tokens,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            arrival=self.arrival,
+            rate=self.rate,
+            endpoint=self.endpoint,
+            tag=tag,
+        )
+
     def body(self, model: str) -> RequestBody:
         return RequestBody(
             model=model,
@@ -123,16 +136,7 @@ async def sweep(target: Target, options: BenchOptions) -> RunResult:
     await warm_up(target, options, target.model)
     body = options.body(target.model)
     for concurrency in options.concurrency:
-        config = WorkloadConfig(
-            requests=options.requests_for(concurrency),
-            prompt_tokens=options.prompt_tokens,
-            max_tokens=options.max_tokens,
-            seed=options.seed,
-            arrival=options.arrival,
-            rate=options.rate,
-            endpoint=options.endpoint,
-            tag=f"c{concurrency}",
-        )
+        config = options.workload(options.requests_for(concurrency), f"c{concurrency}")
         wall_s, results = await run_level(
             target, body, build_requests(config), concurrency, options.timeout_s
         )
@@ -165,16 +169,7 @@ async def pressure(target: Target, options: BenchOptions) -> RunResult:
     summaries: list[dict[str, Any]] = []
     fits: dict[str, Any] = {}
     for chats in options.concurrency:
-        config = WorkloadConfig(
-            requests=options.requests_per_level or chats,
-            prompt_tokens=options.prompt_tokens,
-            max_tokens=options.max_tokens,
-            seed=options.seed,
-            arrival=options.arrival,
-            rate=options.rate,
-            endpoint=options.endpoint,
-            tag=f"p{chats}",
-        )
+        config = options.workload(options.requests_per_level or chats, f"p{chats}")
         before = await scrape_metrics(target)
         wall_s, results = await run_level(
             target, body, build_requests(config), chats, options.timeout_s
