@@ -22,10 +22,10 @@ serve: setup
 	$(VENV)/bin/kvpark serve --host $(HOST) --port $(PORT)
 
 rust-checks:
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
-	cargo test
+	cargo test --workspace
 
 python-checks: setup
 	$(VENV)/bin/ruff check python tests kernels bench

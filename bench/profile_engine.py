@@ -8,6 +8,8 @@ their prefill, then times ``--steps`` decode steps: the whole ``engine.step()``,
 detokenizing, events: Python per step). A second pass under ``torch.profiler`` splits the time of
 the steps into torch ops by category (self CPU time on the calling thread): matmuls, attention
 (SDPA), KV gathers/copies, other ops; what no op accounts for is Python and dispatch overhead.
+The Rust CPU kernels (block-weight matmuls, decode attention; docs/cpu-kernels.md) are not torch
+ops: the profiled pass wraps them in ``record_function`` so they count as matmuls and attention.
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
+import kvpark.ops
 from kvpark import LLM, SamplingParams
 from kvpark.bench.workload import WorkloadConfig, build_requests
+from kvpark.ops import cpu_attention
 from kvpark.outputs import TokenEvent
 
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int")
-ATTENTION = ("scaled_dot_product", "aten::_flash_attention", "aten::softmax", "aten::_softmax")
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int",
+          "kvpark::block_linear")  # fmt: skip
+ATTENTION = ("scaled_dot_product", "aten::_flash_attention", "aten::softmax", "aten::_softmax",
+             "kvpark::decode_attention")  # fmt: skip
 GATHER = ("aten::index", "aten::gather", "aten::copy_", "aten::index_put", "aten::cat",
           "aten::scatter", "aten::masked")  # fmt: skip
 
@@ -86,13 +92,28 @@ def timed_steps(llm: LLM, steps: int) -> dict[str, float]:
     return {"step_ms": step_ms, "execute_ms": forward_ms, "rest_ms": step_ms - forward_ms}
 
 
+def labelled(name: str, fn: Any) -> Any:
+    def call(*args: Any) -> Any:
+        with record_function(name):
+            return fn(*args)
+
+    return call
+
+
 def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
     """Milliseconds per step by op category, plus what no op accounts for."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t = time.perf_counter()
-        for _ in range(steps):
-            llm.engine.step()
-        wall = time.perf_counter() - t
+    # the ops modules look these names up at each call, so patching them labels every call
+    block_linear, decode = kvpark.ops.block_linear, cpu_attention.decode
+    kvpark.ops.block_linear = labelled("kvpark::block_linear", block_linear)
+    cpu_attention.decode = labelled("kvpark::decode_attention", decode)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            for _ in range(steps):
+                llm.engine.step()
+            wall = time.perf_counter() - t
+    finally:
+        kvpark.ops.block_linear, cpu_attention.decode = block_linear, decode
     by_cat: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         by_cat[category(event.key)] += event.self_cpu_time_total / 1e3  # µs -> ms
@@ -112,10 +133,17 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--weights", default="auto", help="auto, dense or blocks")
     p.add_argument("--exact", action="store_true", help="exact mode's row-invariant ops")
     p.add_argument("--top", type=int, default=0, help="also print each batch's top N ops")
     args = p.parse_args()
-    llm = LLM(model=args.model, threads=args.threads, dtype=args.dtype, exact=args.exact)
+    llm = LLM(
+        model=args.model,
+        threads=args.threads,
+        dtype=args.dtype,
+        weights=args.weights,
+        exact=args.exact,
+    )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     for batch in (int(b) for b in args.batch.split(",")):
         max_tokens = 2 * args.steps + 4

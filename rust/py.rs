@@ -682,6 +682,163 @@ fn round_up_buffer(need: u64, cap: u64, held: u64, budget: i64) -> PyResult<u64>
     ))
 }
 
+// ---- kvpark-cpu-ops: block-weight matmuls and paged decode attention on the CPU ----
+//
+// These take raw addresses because the stable ABI of Python 3.10 has no buffer protocol. They
+// are private: their Python wrappers (`kvpark.ops.block_weights`, `cpu_attention`, `norm`) check
+// every tensor's dtype, device, contiguity and size before they pass `tensor.data_ptr()` here.
+
+fn cpu_ops_err(err: kvpark_cpu_ops::ShapeError) -> PyErr {
+    PyValueError::new_err(err.0)
+}
+
+/// y[rows, n] = x[rows, k] @ W.T for 4-bit block weights (qs [n, k/2] u8, scale and offset
+/// [n, k/32] f32), all C-contiguous CPU memory at the given addresses. Private: see
+/// kvpark.ops.block_weights, which checks the tensors behind the addresses.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn _blockmm_q4(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
+    // SAFETY: the caller (kvpark.ops.block_weights) passes live, contiguous tensors of exactly
+    // these sizes and dtypes; `y` does not overlap the inputs.
+    let (x, qs, scale, offset, y) = unsafe {
+        (
+            std::slice::from_raw_parts(x as *const f32, rows * k),
+            std::slice::from_raw_parts(qs as *const u8, n * k / 2),
+            std::slice::from_raw_parts(scale as *const f32, blocks),
+            std::slice::from_raw_parts(offset as *const f32, blocks),
+            std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+        )
+    };
+    let w = kvpark_cpu_ops::Q4Weights {
+        qs,
+        scale,
+        offset,
+        n,
+        k,
+    };
+    py.detach(|| kvpark_cpu_ops::matmul_q4(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32).
+/// Private: see kvpark.ops.block_weights.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn _blockmm_q8(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4.
+    let (x, qs, scale, y) = unsafe {
+        (
+            std::slice::from_raw_parts(x as *const f32, rows * k),
+            std::slice::from_raw_parts(qs as *const i8, n * k),
+            std::slice::from_raw_parts(scale as *const f32, n * k / kvpark_cpu_ops::BLOCK),
+            std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+        )
+    };
+    let w = kvpark_cpu_ops::Q8Weights { qs, scale, n, k };
+    py.detach(|| kvpark_cpu_ops::matmul_q8(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
+/// [cells, kv_heads, head_dim] f32 (n_kv_values each), cells [seqs, stride] i64, context and
+/// rows [seqs] i64, out like q (only the sequences' rows written). Private: see
+/// kvpark.ops.cpu_attention, which checks the tensors behind the addresses.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn _decode_attention(
+    py: Python<'_>,
+    q: usize,
+    n_q_values: usize,
+    k: usize,
+    v: usize,
+    n_kv_values: usize,
+    cells: usize,
+    seqs: usize,
+    stride: usize,
+    context: usize,
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    out: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4; `out` does not overlap the inputs.
+    let (q, k, v, cells, context, rows, out) = unsafe {
+        (
+            std::slice::from_raw_parts(q as *const f32, n_q_values),
+            std::slice::from_raw_parts(k as *const f32, n_kv_values),
+            std::slice::from_raw_parts(v as *const f32, n_kv_values),
+            std::slice::from_raw_parts(cells as *const i64, seqs * stride),
+            std::slice::from_raw_parts(context as *const i64, seqs),
+            std::slice::from_raw_parts(rows as *const i64, seqs),
+            std::slice::from_raw_parts_mut(out as *mut f32, n_q_values),
+        )
+    };
+    let a = kvpark_cpu_ops::DecodeAttention {
+        q,
+        k,
+        v,
+        cells,
+        stride,
+        context,
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+    };
+    py.detach(|| kvpark_cpu_ops::decode_attention(a, out))
+        .map_err(cpu_ops_err)
+}
+
+/// RMSNorm of rows = n_values / d: x [rows, d] f32, weight [d] f32, out like x. Private: see
+/// kvpark.ops.norm, which checks the tensors behind the addresses.
+#[pyfunction]
+fn _rms_norm(
+    x: usize,
+    n_values: usize,
+    weight: usize,
+    d: usize,
+    eps: f32,
+    out: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4; `out` does not overlap `x` or `weight`.
+    let (x, weight, out) = unsafe {
+        (
+            std::slice::from_raw_parts(x as *const f32, n_values),
+            std::slice::from_raw_parts(weight as *const f32, d),
+            std::slice::from_raw_parts_mut(out as *mut f32, n_values),
+        )
+    };
+    kvpark_cpu_ops::rms_norm(x, weight, eps, out).map_err(cpu_ops_err)
+}
+
+/// How many threads the CPU kernels (block matmuls, decode attention) use (1: the calling
+/// thread only).
+#[pyfunction]
+fn _cpu_set_threads(n: usize) {
+    kvpark_cpu_ops::set_threads(n);
+}
+
 /// kvpark's KV cell pool, page tables, occupancy queries and preemption planner, from the Rust
 /// crate kvpark-core.
 #[pymodule]
@@ -692,6 +849,11 @@ fn kvpark_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyAction>()?;
     m.add_class::<PyPlanner>()?;
     m.add_function(wrap_pyfunction!(round_up_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(_blockmm_q4, m)?)?;
+    m.add_function(wrap_pyfunction!(_blockmm_q8, m)?)?;
+    m.add_function(wrap_pyfunction!(_decode_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(_rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(_cpu_set_threads, m)?)?;
     m.add("PoolFullError", m.py().get_type::<PoolFullError>())?;
     Ok(())
 }

@@ -105,6 +105,7 @@ def test_every_serve_flag_has_an_env_name() -> None:
         "DTYPE",
         "DEVICE",
         "THREADS",
+        "WEIGHTS",
         "PREEMPT_RAM",
         "NO_PREEMPT",
         "PREEMPT_POLICY",

@@ -45,6 +45,9 @@ def make(monkeypatch: pytest.MonkeyPatch, every: int = 0, **options: object) -> 
     monkeypatch.setenv("KVPARK_PREEMPT_FAIL_SAVE", "0")
     monkeypatch.setenv("KVPARK_PREEMPT_PLANNER", "on")
     options.setdefault("dtype", "float32")
+    # dense weights: the control tests below swap in plain F.linear, which takes tensors (exact
+    # mode with block weights is tested in test_block_weights.py)
+    options.setdefault("weights", "dense")
     options.setdefault("kv_cells", 2048)
     options.setdefault("parallel", 8)
     return kvpark.LLM(exact=True, **options)

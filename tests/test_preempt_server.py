@@ -480,14 +480,21 @@ def test_a_failed_host_allocation_parks_by_recompute_and_is_reported(
 def test_a_recompute_park_in_the_prefill_restarts_it_and_counts_the_prompt_once(
     recompute_every: Server,
 ) -> None:
-    """A resident of 128 + 7 tokens (9 pages; never parked on schedule: fewer than 8 tokens) and
-    a 200-token prompt whose first 63-row chunk fits the 16-page pool and whose second does not:
+    """A resident of 128 + 7 tokens (9 pages; never parked on schedule: fewer than 8 tokens) and,
+    sent during its prefill, a 200-token prompt whose first 63-row chunk fits the 16-page pool and
+    whose second does not:
     it is parked, by recompute, in its prefill and before its first token. Its replay restarts
     the prompt, which is billed once."""
     server = recompute_every
     before = metrics(server)
     resident = stream(server, {"prompt": ids(128), "max_tokens": 7, "ignore_eos": True})
-    wait_until("the resident decodes", lambda: len(resident.data) >= 1 or resident.done.is_set())
+    # the late prompt is sent once the resident holds cells (its prefill has begun), not after
+    # its first token: at ~30 ms a step its 7 tokens could be over before the late prompt's
+    # second chunk, and then nothing would press
+    wait_until(
+        "the resident holds cells",
+        lambda: metrics(server)["kvpark_kv_cells_used"] > 0 or resident.done.is_set(),
+    )
     late = stream(server, {"prompt": ids(200, 5000), "max_tokens": 4, "ignore_eos": True})
     resident.wait().assert_ok()
     late.wait().assert_ok()

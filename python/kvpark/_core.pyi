@@ -5,7 +5,19 @@ Hand-written to mirror rust/py.rs; `python -m mypy.stubtest kvpark._core` checks
 
 from typing import Literal, final
 
-__all__ = ["Action", "KvPool", "Planner", "PoolFullError", "RequestView", "round_up_buffer"]
+__all__ = [
+    "Action",
+    "KvPool",
+    "Planner",
+    "PoolFullError",
+    "RequestView",
+    "_blockmm_q4",
+    "_blockmm_q8",
+    "_cpu_set_threads",
+    "_decode_attention",
+    "_rms_norm",
+    "round_up_buffer",
+]
 
 class PoolFullError(Exception):
     """Not enough free pages in the pool; the call changed nothing.
@@ -300,4 +312,49 @@ def round_up_buffer(need: int, cap: int, held: int, budget: int) -> int:
     Kept if cap holds it, else grown by half again rounded up to 64 KiB if
     held - cap + 2 * grown <= budget, else need rounded up to 64 KiB. held counts every slot's
     buffer, this one's included; budget -1: no limit. ValueError on a bad budget.
+    """
+
+def _blockmm_q4(
+    x: int, rows: int, k: int, qs: int, scale: int, offset: int, n: int, y: int
+) -> None:
+    """y[rows, n] = x[rows, k] @ W.T for 4-bit block weights (qs [n, k/2] u8, scale and offset
+    [n, k/32] f32), all C-contiguous CPU memory at the given addresses. Private: see
+    kvpark.ops.block_weights, which checks the tensors behind the addresses.
+    """
+
+def _blockmm_q8(x: int, rows: int, k: int, qs: int, scale: int, n: int, y: int) -> None:
+    """y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32).
+    Private: see kvpark.ops.block_weights.
+    """
+
+def _decode_attention(
+    q: int,
+    n_q_values: int,
+    k: int,
+    v: int,
+    n_kv_values: int,
+    cells: int,
+    seqs: int,
+    stride: int,
+    context: int,
+    rows: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    out: int,
+) -> None:
+    """Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
+    [cells, kv_heads, head_dim] f32 (n_kv_values each), cells [seqs, stride] i64, context and
+    rows [seqs] i64, out like q (only the sequences' rows written). Private: see
+    kvpark.ops.cpu_attention, which checks the tensors behind the addresses.
+    """
+
+def _rms_norm(x: int, n_values: int, weight: int, d: int, eps: float, out: int) -> None:
+    """RMSNorm of rows = n_values / d: x [rows, d] f32, weight [d] f32, out like x. Private: see
+    kvpark.ops.norm, which checks the tensors behind the addresses.
+    """
+
+def _cpu_set_threads(n: int) -> None:
+    """How many threads the CPU kernels (block matmuls, decode attention) use (1: the calling
+    thread only).
     """

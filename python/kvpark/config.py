@@ -20,7 +20,10 @@ class ModelConfig:
     model: str | None = None  # GGUF file or Hugging Face directory; None: the default model
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CPU/CUDA)
     device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # CPU threads for torch; 0: all cores (at most 2 in exact mode)
+    threads: int = 0  # CPU threads for torch and block matmuls; 0: all cores (≤ 2 in exact mode)
+    # blocks: GGUF Q4_0/Q4_1/Q8_0 matrices kept in their blocks and multiplied by block_linear
+    # (CPU, float32); dense: every weight dequantised; auto: blocks on CPU in float32
+    weights: str = "auto"
     exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
     # "module:factory" of a custom runner, called with the EngineConfig (docs/custom-runners.md);

@@ -131,7 +131,17 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--device", type=_one_of("auto", "cpu", "cuda"), default="auto", help="auto, cpu or cuda"
     )
     p.add_argument(
-        "--threads", type=int_at_least(0), default=0, help="CPU threads for torch (0: all cores)"
+        "--threads",
+        type=int_at_least(0),
+        default=0,
+        help="CPU threads for torch and the block matmuls (0: all cores)",
+    )
+    p.add_argument(
+        "--weights",
+        type=_one_of("auto", "dense", "blocks"),
+        default="auto",
+        help="blocks: keep a GGUF's Q4_0/Q4_1/Q8_0 matrices in their blocks (CPU, float32); "
+        "dense: dequantise every weight; auto: blocks on CPU in float32",
     )
     p.add_argument(
         "--seed", type=int_at_least(0), default=0, help="base seed for requests that give none"
@@ -256,6 +266,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             dtype=args.dtype,
             device=args.device,
             threads=args.threads,
+            weights=args.weights,
             exact=args.exact,
             cuda_graphs=args.cuda_graphs,
             runner=args.runner,

@@ -17,7 +17,7 @@ from kvpark.config import ModelConfig, PoolConfig
 from kvpark.cuda_graphs import DecodeGraphs, graphs_wanted
 from kvpark.model.loader import LoadedModel, load_model
 from kvpark.model.tokenizer import Tokenizer
-from kvpark.ops import OpSet
+from kvpark.ops import OpSet, block_weights
 from kvpark.ops.kv_cache import KVCache
 from kvpark.plan import StepPlan
 
@@ -52,6 +52,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def _cpu_has_bf16() -> bool:
     probe = getattr(torch.backends.cpu, "get_cpu_capability", None)
     return probe is not None and "AVX512" in str(probe())
+
+
+def resolve_weights(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether to keep a GGUF's block-quantised matrices as blocks (``--weights``)."""
+    fits = device.type == "cpu" and dtype == torch.float32
+    if name == "auto":
+        return fits  # a decode step reads ~7x fewer weight bytes (docs/benchmarks.md)
+    if name == "blocks" and not fits:
+        raise ValueError(
+            f"--weights blocks runs on the CPU in float32, not {str(dtype).removeprefix('torch.')}"
+            f" on {device.type}"
+        )
+    if name not in ("blocks", "dense"):
+        raise ValueError(f"unknown weights {name!r}; use auto, dense or blocks")
+    return name == "blocks"
 
 
 EXACT_CPU_THREADS = 2
@@ -90,20 +105,30 @@ class TorchRunner:
     def __init__(self, model_config: ModelConfig, pool_config: PoolConfig) -> None:
         self.device = resolve_device(model_config.device)
         self.ops = select_ops(model_config.exact, self.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        blocks = resolve_weights(model_config.weights, self.device, self.dtype)
         threads = model_config.threads
         if model_config.exact and self.device.type == "cpu":
             threads = exact_cpu_threads(threads)
-        if threads > 0:
+        if blocks:
+            # the block matmuls take the threads; torch's ops (attention, norms) run on the
+            # calling thread: an OpenMP team of its own would fight the matmul helpers, which
+            # spin between products, for the same cores (docs/benchmarks.md)
+            block_weights.set_threads(threads or os.cpu_count() or 1)
+            torch.set_num_threads(1)
+        elif threads > 0:
             torch.set_num_threads(threads)
-        self.dtype = resolve_dtype(model_config.dtype, self.device)
         started = time.perf_counter()
-        self.loaded: LoadedModel = load_model(model_config.model, self.dtype, self.device)
+        self.loaded: LoadedModel = load_model(
+            model_config.model, self.dtype, self.device, blocks=blocks
+        )
         log.info(
-            "model %s loaded in %.1f s (%s on %s)",
+            "model %s loaded in %.1f s (%s on %s, %s weights)",
             self.loaded.name,
             time.perf_counter() - started,
             self.dtype,
             self.device,
+            "block" if blocks else "dense",
         )
         self.page_size = pool_config.page_size
         use_graphs = graphs_wanted(model_config.cuda_graphs, self.device, self.ops)

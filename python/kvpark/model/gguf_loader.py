@@ -25,6 +25,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from kvpark.model.arch import SUPPORTED_ARCHS, ModelArch, ModelLoadError, RopeScaling
+from kvpark.ops.block_weights import BLOCK_TYPES, BlockWeight
 
 _MAGIC = b"GGUF"
 _SCALARS = {
@@ -125,8 +126,8 @@ class GgufFile:
     def has_tensor(self, name: str) -> bool:
         return any(t.name == name for t in self.tensors)
 
-    def load(self, info: TensorInfo) -> torch.Tensor:
-        """One tensor dequantised, in torch layout (ggml shape reversed); float32, f16 or bf16."""
+    def _raw(self, info: TensorInfo) -> tuple[GGMLQuantizationType, np.ndarray]:
+        """A tensor's type and bytes, a read-only view of the file."""
         try:
             qtype = GGMLQuantizationType(info.qtype)
             block, type_size = GGML_QUANT_SIZES[qtype]
@@ -139,6 +140,21 @@ class GgufFile:
             raise ModelLoadError(
                 f"{self.path}: tensor {info.name} lies past the end of the file"
             ) from e
+        return qtype, raw
+
+    def load_blocks(self, info: TensorInfo) -> BlockWeight | None:
+        """A 2-D Q4_0, Q4_1 or Q8_0 tensor kept in its blocks (``--weights blocks``); None for
+        any other tensor."""
+        if info.qtype not in BLOCK_TYPES or len(info.shape) != 2:
+            return None
+        _, raw = self._raw(info)
+        shape = (info.shape[1], info.shape[0])
+        return BlockWeight.from_gguf(info.qtype, torch.from_numpy(raw.copy()), shape)
+
+    def load(self, info: TensorInfo) -> torch.Tensor:
+        """One tensor dequantised, in torch layout (ggml shape reversed); float32, f16 or bf16."""
+        qtype, raw = self._raw(info)
+        block, type_size = GGML_QUANT_SIZES[qtype]
         shape = tuple(reversed(info.shape))
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             arr = raw.view(np.float32 if qtype == GGMLQuantizationType.F32 else np.float16)
@@ -256,15 +272,25 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-def iter_weights(g: GgufFile, arch: ModelArch) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, tensor) for every tensor of the file, Q/K unpermuted for Llama."""
+def iter_weights(
+    g: GgufFile, arch: ModelArch, *, blocks: bool = False
+) -> Iterator[tuple[str, torch.Tensor | BlockWeight]]:
+    """(Hugging Face name, tensor) for every tensor of the file, Q/K unpermuted for Llama. With
+    ``blocks``, Q4_0, Q4_1 and Q8_0 matrices come as ``BlockWeight`` instead of dequantised."""
     for info in g.tensors:
         name = hf_name(info.name)
-        tensor = g.load(info)
+        kept = g.load_blocks(info) if blocks else None
+        tensor: torch.Tensor | BlockWeight = kept if kept is not None else g.load(info)
+        heads = 0
         if arch.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            tensor = _unpermute(tensor, arch.n_heads)
+            heads = arch.n_heads
         elif arch.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            tensor = _unpermute(tensor, arch.n_kv_heads)
+            heads = arch.n_kv_heads
+        if heads and isinstance(tensor, BlockWeight):  # the same row permutation, on blocks
+            rows = torch.arange(tensor.shape[0]).view(-1, 1)
+            tensor = tensor.rows(_unpermute(rows, heads).view(-1))
+        elif heads and isinstance(tensor, torch.Tensor):
+            tensor = _unpermute(tensor, heads)
         yield name, tensor
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpark.model.arch import ModelArch, ModelLoadError
-from kvpark.ops import KVCache, OpSet
+from kvpark.ops import BlockWeight, KVCache, OpSet, Weight
 from kvpark.ops.metadata import AttentionMetadata
 from kvpark.ops.rope import RopeTable
 
@@ -35,15 +35,17 @@ class Block(nn.Module):
         a, hidden, d = arch, arch.hidden_size, arch.head_dim
         self.arch = arch
         self.attn_norm = _param((hidden,), dtype, device)
-        self.qkv_w = _param((a.qkv_size, hidden), dtype, device)  # rows: q heads, k heads, v heads
+        # matrices are Weight: a loader may replace one by its GGUF blocks (finish_loading)
+        self.qkv_w: Weight = _param((a.qkv_size, hidden), dtype, device)  # rows: q, k, v heads
         self.qkv_b = _param((a.qkv_size,), dtype, device) if a.qkv_bias else None
-        self.o_w = _param((hidden, a.n_heads * d), dtype, device)
+        self.o_w: Weight = _param((hidden, a.n_heads * d), dtype, device)
         self.o_b = _param((hidden,), dtype, device) if a.o_bias else None
         self.q_norm = _param((d,), dtype, device) if a.qk_norm else None
         self.k_norm = _param((d,), dtype, device) if a.qk_norm else None
         self.mlp_norm = _param((hidden,), dtype, device)
-        self.gate_up_w = _param((2 * a.intermediate_size, hidden), dtype, device)  # rows: gate, up
-        self.down_w = _param((hidden, a.intermediate_size), dtype, device)
+        gate_up = (2 * a.intermediate_size, hidden)  # rows: gate, up
+        self.gate_up_w: Weight = _param(gate_up, dtype, device)
+        self.down_w: Weight = _param((hidden, a.intermediate_size), dtype, device)
 
     def forward(
         self,
@@ -97,6 +99,13 @@ _LAYER_NAMES = {
     "mlp.down_proj.weight": ("down_w", None),
 }
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_MATRICES = {"qkv_w": 3, "o_w": 1, "gate_up_w": 2, "down_w": 1}  # attribute -> parts fused
+
+
+def _use_blocks(module: nn.Module, attr: str, weight: BlockWeight) -> None:
+    """Replace a dense matrix parameter by block weights (freeing the dense tensor)."""
+    module._parameters.pop(attr, None)
+    object.__setattr__(module, attr, weight)
 
 
 class LlamaModel(nn.Module):
@@ -107,16 +116,25 @@ class LlamaModel(nn.Module):
         self.embed = _param((arch.vocab_size, arch.hidden_size), dtype, device)
         self.layers = nn.ModuleList(Block(arch, dtype, device) for _ in range(arch.n_layers))
         self.norm = _param((arch.hidden_size,), dtype, device)
-        self.lm_head = (
+        self.lm_head: Weight = (
             self.embed if arch.tie_embeddings else _param(self.embed.shape, dtype, device)
         )
         self.rope = RopeTable.build(arch.inv_freq(), arch.max_position, device)
         self._loaded: set[str] = set()
+        # block matrices as they arrive: (module, attribute) -> {part: blocks}; finish_loading
+        # fuses each once all its parts are in
+        self._blocks: dict[tuple[nn.Module, str], dict[int, tuple[BlockWeight, Tensor]]] = {}
 
     # ---- loading: loaders stream (Hugging Face name, tensor) pairs in any order ----
 
-    def load_weight(self, name: str, tensor: Tensor) -> None:
-        """Copy one checkpoint tensor into its (slice of a) parameter, converting dtype, device."""
+    def load_weight(self, name: str, tensor: Tensor | BlockWeight) -> None:
+        """Copy one checkpoint tensor into its (slice of a) parameter, converting dtype, device.
+        A ``BlockWeight`` matrix is kept as blocks (the model then multiplies it with
+        ``block_linear``); anything else given as blocks is dequantised."""
+        if isinstance(tensor, BlockWeight):
+            if self._keep_blocks(name, tensor):
+                return
+            tensor = tensor.dequantize()
         if name == "rope_freqs":  # a GGUF's llama3 rope scaling, as per-frequency divisors
             inv_freq = self.arch.inv_freq(freq_factors=tensor)
             self.rope = RopeTable.build(inv_freq, self.arch.max_position, self.embed.device)
@@ -138,7 +156,8 @@ class LlamaModel(nn.Module):
         if name == "model.norm.weight":
             return self.norm.data
         if name == "lm_head.weight":
-            return None if a.tie_embeddings else self.lm_head.data
+            head = self.lm_head
+            return None if a.tie_embeddings or isinstance(head, BlockWeight) else head.data
         m = _LAYER_RE.fullmatch(name)
         if m is None or int(m.group(1)) >= a.n_layers or m.group(2) not in _LAYER_NAMES:
             return None
@@ -152,6 +171,40 @@ class LlamaModel(nn.Module):
             sizes = [a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim]
         start = sum(sizes[:part])
         return param.data[start : start + sizes[part]]
+
+    def _keep_blocks(self, name: str, weight: BlockWeight) -> bool:
+        target = self._target(name)
+        if target is None or tuple(target.shape) != weight.shape or self.embed.device.type != "cpu":
+            return False
+        if name == "model.embed_tokens.weight":  # the lookup stays dense; a tied head multiplies
+            target.copy_(weight.dequantize())
+            if self.arch.tie_embeddings:
+                self._blocks[(self, "lm_head")] = {0: (weight, target)}
+        elif name == "lm_head.weight":
+            self._blocks[(self, "lm_head")] = {0: (weight, target)}
+        else:
+            m = _LAYER_RE.fullmatch(name)
+            assert m is not None  # _target matched it
+            attr, part = _LAYER_NAMES[m.group(2)]
+            if attr not in _MATRICES:
+                return False
+            layer = self.layers[int(m.group(1))]
+            self._blocks.setdefault((layer, attr), {})[part or 0] = (weight, target)
+        self._loaded.add(name)
+        return True
+
+    def _fuse_blocks(self) -> None:
+        """Each matrix whose parts all came as blocks of one kind becomes one ``BlockWeight``;
+        one with parts of mixed kinds, or some parts dense, is dequantised into its parameter."""
+        for (module, attr), parts in self._blocks.items():
+            weights = [parts[i][0] for i in sorted(parts)]
+            whole = attr == "lm_head" or len(parts) == _MATRICES[attr]
+            if whole and len({w.kind for w in weights}) == 1:
+                _use_blocks(module, attr, BlockWeight.cat(weights))
+                continue
+            for weight, target in parts.values():
+                target.copy_(weight.dequantize())
+        self._blocks.clear()
 
     def expected_weights(self) -> set[str]:
         names = {"model.embed_tokens.weight", "model.norm.weight"}
@@ -168,6 +221,7 @@ class LlamaModel(nn.Module):
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors: {shown}")
+        self._fuse_blocks()
 
     # ---- one step ----
 

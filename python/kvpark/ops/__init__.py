@@ -5,7 +5,9 @@ directly, so that exact mode (SPEC §6) can swap in batch-invariant versions wit
 model.
 ``OpSet.default()`` is the fast torch reference path; ``OpSet.exact()`` is row-invariant (SPEC §6):
 fixed row tiles for matmuls and fixed query tiles and key chunks for attention, with the row-wise
-norm, rope and KV store of the default set.
+norm, rope and KV store of the default set. A weight is a tensor or a ``BlockWeight`` (a GGUF
+block-quantised matrix kept as blocks, ``--weights blocks``); every set's ``linear`` multiplies
+the latter with ``block_linear``, which is row-invariant in both modes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvpark.ops import attention, chunked_attention, kv_cache, linear, norm, rope, tiled_linear
+from kvpark.ops.block_weights import BlockWeight, block_linear
 from kvpark.ops.kv_cache import KVCache
 from kvpark.ops.metadata import AttentionMetadata
 
@@ -24,6 +27,20 @@ if TYPE_CHECKING:
     from kvpark.model.arch import ModelArch
 
 Tensor = torch.Tensor
+Weight = Tensor | BlockWeight
+LinearOp = Callable[[Tensor, Weight, Tensor | None], Tensor]
+
+
+def with_blocks(op: Callable[[Tensor, Tensor, Tensor | None], Tensor]) -> LinearOp:
+    """``op`` for tensor weights, ``block_linear`` for block weights."""
+
+    def linear(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
+        if isinstance(weight, BlockWeight):
+            return block_linear(x, weight, bias)
+        return op(x, weight, bias)
+
+    linear.__name__ = linear.__qualname__ = getattr(op, "__name__", "linear")
+    return linear
 
 
 @dataclass(frozen=True)
@@ -31,8 +48,8 @@ class OpSet:
     name: str
     # whether a row's result is independent of the other rows of a step (exact mode needs it)
     row_invariant: bool
-    # x [rows, in], weight [out, in], bias [out] | None -> [rows, out]
-    linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+    # x [rows, in], weight [out, in] (a tensor or a BlockWeight), bias [out] | None -> [rows, out]
+    linear: LinearOp
     # x [..., d], weight [d], eps -> [..., d]
     rms_norm: Callable[[Tensor, Tensor, float], Tensor]
     # x [T, heads, D], cos, sin [T, 1, D] -> [T, heads, D]
@@ -56,8 +73,8 @@ class OpSet:
 _DEFAULT = OpSet(
     name="default",
     row_invariant=False,
-    linear=linear.linear,
-    rms_norm=norm.rms_norm,
+    linear=with_blocks(linear.linear),
+    rms_norm=norm.rms_norm_cpu,
     rope=rope.apply_rope,
     store_kv=kv_cache.store_kv,
     prepare_attention=attention.prepare,
@@ -67,7 +84,7 @@ _DEFAULT = OpSet(
 _EXACT = OpSet(
     name="exact",
     row_invariant=True,
-    linear=tiled_linear.tiled_linear,
+    linear=with_blocks(tiled_linear.tiled_linear),
     rms_norm=norm.rms_norm,  # row-wise reductions: invariant as they are (feasibility §3.1)
     rope=rope.apply_rope,  # elementwise products and sums: exact per element
     store_kv=kv_cache.store_kv,
@@ -75,4 +92,4 @@ _EXACT = OpSet(
     attention=chunked_attention.chunked_attention,
 )
 
-__all__ = ["AttentionMetadata", "KVCache", "OpSet"]
+__all__ = ["AttentionMetadata", "BlockWeight", "KVCache", "OpSet", "Weight", "with_blocks"]

@@ -16,6 +16,9 @@ after the row's own position. Decode sequences are cut into groups of about DECO
 gathered K and V, so SDPA reads them while they are still in cache: on the 2-core dev VM that made
 fp32 decode attention 1.2-1.6x faster at 256-1024 cells per sequence and changed little elsewhere.
 
+On the CPU with a float32 pool, decode rows skip the gather: ``cpu_attention`` reads their cells
+in place, all decode sequences in one Rust call per layer.
+
 This path is fast, not batch invariant (feasibility §3.5): exact mode brings its own attention.
 """
 
@@ -27,6 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kvpark.ops import cpu_attention
+from kvpark.ops.cpu_attention import NativeDecode
 from kvpark.ops.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -57,7 +62,7 @@ class _Group:
 class AttentionPlan:
     """What every layer of one step reuses: groups, masks and the gather buffers."""
 
-    groups: list[_Group]
+    groups: list[_Group | NativeDecode]
     workspace: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def scratch(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -83,7 +88,12 @@ def prepare(meta: AttentionMetadata, arch: ModelArch, dtype: torch.dtype) -> Att
     cell_bytes = 2 * n_kv * arch.head_dim * torch.empty((), dtype=dtype).element_size()
     decode = [b for b in range(meta.n_seqs) if lens[b] == 1]
     prompt = [b for b in range(meta.n_seqs) if lens[b] > 1]
-    groups = []
+    groups: list[_Group | NativeDecode] = []
+    if decode and cpu_attention.usable(meta.cell_index.device, dtype):
+        context = [meta.context_lens[b] for b in decode]
+        rows = [meta.query_start[b] for b in decode]
+        groups.append(cpu_attention.plan(meta.cell_index, decode, context, rows))
+        decode = []
     chunk: list[int] = []
     for b in decode:
         widest = max(meta.context_lens[s] for s in [*chunk, b])
@@ -185,6 +195,12 @@ def paged_attention(
     v_rows = v_cache.view(-1, head_dim)
     out: torch.Tensor | None = None
     for g in plan.groups:
+        if isinstance(g, NativeDecode):
+            q = q.contiguous()
+            if out is None:
+                out = torch.empty_like(q)
+            cpu_attention.decode(q, k_cache, v_cache, g, out)
+            continue
         b, lq, lk = g.n_seqs, g.q_len, g.ctx_len
         k = plan.scratch("k", (b, n_kv, lk, head_dim), k_cache)  # [B, kv, L, D]
         v = plan.scratch("v", (b, n_kv, lk, head_dim), v_cache)

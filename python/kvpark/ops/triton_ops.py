@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvpark.ops import OpSet
+from kvpark.ops import OpSet, with_blocks
 from kvpark.ops.linear import linear
 from kvpark.ops.metadata import AttentionMetadata
 from kvpark.ops.rope import apply_rope
@@ -62,7 +62,7 @@ def triton_ops() -> OpSet:
     return OpSet(
         name="triton exact",
         row_invariant=True,
-        linear=matmul.matmul,
+        linear=with_blocks(matmul.matmul),
         rms_norm=rms_norm.rms_norm,
         rope=apply_rope,
         store_kv=store_kv.store_kv,
@@ -74,4 +74,4 @@ def triton_ops() -> OpSet:
 @cache
 def cuda_ops() -> OpSet:
     """Normal mode on CUDA: cuBLAS matmuls (fast, not batch invariant), the kernels for the rest."""
-    return replace(triton_ops(), name="triton", row_invariant=False, linear=linear)
+    return replace(triton_ops(), name="triton", row_invariant=False, linear=with_blocks(linear))

@@ -1,0 +1,184 @@
+//! Decode attention straight from the paged KV pool: one query row per sequence against its
+//! cells, read in place through the sequence's cell list (no gather into a padded batch).
+//!
+//! Per (sequence, KV head): the scores of the query heads that share the head (GQA), a softmax
+//! in f32 with the maximum subtracted, then the weighted sum of V. Tasks are split over the
+//! threads of [`crate::set_threads`]. Not row-invariant work splitting is irrelevant here: each
+//! task's arithmetic is fixed, but the order of the sums is this file's, not torch's.
+
+use crate::threads::{parallel, Output};
+use crate::ShapeError;
+
+/// One step's decode rows and where their cells lie.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeAttention<'a> {
+    /// `[rows, heads, head_dim]`: the step's query rows (rope applied).
+    pub q: &'a [f32],
+    /// `[cells, kv_heads, head_dim]` each: the whole pool, this step's K and V already stored.
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    /// `[seqs, stride]`: each sequence's cells in logical order (entries past its context unused).
+    pub cells: &'a [i64],
+    pub stride: usize,
+    /// `[seqs]`: cells each sequence attends to (its context, this step's row included).
+    pub context: &'a [i64],
+    /// `[seqs]`: each sequence's query row in `q` (distinct).
+    pub rows: &'a [i64],
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+fn bad(msg: String) -> ShapeError {
+    ShapeError(msg)
+}
+
+impl DecodeAttention<'_> {
+    fn check(&self, out_len: usize) -> Result<(), ShapeError> {
+        let (h, kv, d) = (self.heads, self.kv_heads, self.head_dim);
+        if h == 0 || kv == 0 || d == 0 || h % kv != 0 {
+            return Err(bad(format!("{h} heads do not share {kv} KV heads evenly")));
+        }
+        let row = h * d;
+        if self.q.len() % row != 0 || out_len != self.q.len() {
+            return Err(bad(format!(
+                "q has {} values, out {out_len}: not rows of {row}",
+                self.q.len()
+            )));
+        }
+        let n_rows = self.q.len() / row;
+        let cell = kv * d;
+        if self.k.len() != self.v.len() || self.k.len() % cell != 0 {
+            return Err(bad(format!("K and V must be whole cells of {cell} values")));
+        }
+        let n_cells = self.k.len() / cell;
+        let seqs = self.rows.len();
+        if self.context.len() != seqs || self.cells.len() != seqs * self.stride {
+            return Err(bad(format!(
+                "{seqs} rows but {} contexts and {} cells",
+                self.context.len(),
+                self.cells.len()
+            )));
+        }
+        let mut used = vec![false; n_rows];
+        for b in 0..seqs {
+            let (r, ctx) = (self.rows[b], self.context[b]);
+            if r < 0 || r as usize >= n_rows || std::mem::replace(&mut used[r as usize], true) {
+                return Err(bad(format!("query row {r} is out of range or given twice")));
+            }
+            if ctx < 1 || ctx as usize > self.stride {
+                return Err(bad(format!("context {ctx} is not in 1..={}", self.stride)));
+            }
+            let list = &self.cells[b * self.stride..b * self.stride + ctx as usize];
+            if list.iter().any(|&c| c < 0 || c as usize >= n_cells) {
+                return Err(bad(format!(
+                    "a cell of sequence {b} is outside the pool of {n_cells}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `out[row of b, h]` = softmax(q . K / sqrt(d)) V over sequence b's cells, for every sequence
+/// and head; other rows of `out` are left as they are.
+pub fn decode_attention(a: DecodeAttention<'_>, out: &mut [f32]) -> Result<(), ShapeError> {
+    a.check(out.len())?;
+    let out = Output::new(out);
+    let tasks = a.rows.len() * a.kv_heads;
+    let work: usize =
+        a.context.iter().map(|&c| c as usize).sum::<usize>() * a.kv_heads * a.head_dim;
+    let simd = crate::avx2::available();
+    parallel(tasks, work, &|range| {
+        let mut scratch = Vec::new();
+        for task in range {
+            if simd {
+                // SAFETY: AVX2 and FMA are present (checked by avx2::available).
+                unsafe { task_avx2(&a, task, &out, &mut scratch) }
+            } else {
+                task_plain(&a, task, &out, &mut scratch)
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_avx2(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, s: &mut Vec<f32>) {
+    one_task(a, task, out, s)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn task_avx2(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, s: &mut Vec<f32>) {
+    one_task(a, task, out, s)
+}
+
+fn task_plain(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, s: &mut Vec<f32>) {
+    one_task(a, task, out, s)
+}
+
+/// Sequence `task / kv_heads`, KV head `task % kv_heads`: its `group` query heads.
+#[inline(always)]
+fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut Vec<f32>) {
+    let (kv, d) = (a.kv_heads, a.head_dim);
+    let group = a.heads / kv;
+    let (b, g) = (task / kv, task % kv);
+    let ctx = a.context[b] as usize;
+    let row = a.rows[b] as usize;
+    let cells = &a.cells[b * a.stride..b * a.stride + ctx];
+    let scale = 1.0 / (d as f32).sqrt();
+    let q_at = |j: usize| (row * a.heads + g * group + j) * d;
+    scores.clear();
+    scores.resize(group * ctx, 0.0);
+    for (c, &cell) in cells.iter().enumerate() {
+        let k = &a.k[(cell as usize * kv + g) * d..][..d];
+        for j in 0..group {
+            scores[j * ctx + c] = dot(&a.q[q_at(j)..][..d], k) * scale;
+        }
+    }
+    for j in 0..group {
+        let s = &mut scores[j * ctx..(j + 1) * ctx];
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0.0;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        s.iter_mut().for_each(|x| *x *= inv);
+    }
+    let mut acc = vec![0.0f32; group * d];
+    for (c, &cell) in cells.iter().enumerate() {
+        let v = &a.v[(cell as usize * kv + g) * d..][..d];
+        for j in 0..group {
+            let p = scores[j * ctx + c];
+            for (o, x) in acc[j * d..(j + 1) * d].iter_mut().zip(v) {
+                *o += p * x;
+            }
+        }
+    }
+    for j in 0..group {
+        for (i, x) in acc[j * d..(j + 1) * d].iter().enumerate() {
+            out.set(q_at(j) + i, *x);
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}

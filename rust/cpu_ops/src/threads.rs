@@ -1,0 +1,263 @@
+//! The worker threads: a product is split by output columns into one share per thread; the
+//! calling thread computes the first share and `threads - 1` helper threads the others. Columns
+//! are independent, so the split never changes a result.
+//!
+//! Why not rayon: between two products of a decode step the caller runs a few torch ops
+//! (~0.1 ms), long enough for an idle rayon worker to go to sleep, and waking it again costs
+//! tens of microseconds on a VM: ~10 ms a step over the ~120 products of the default model.
+//! These helpers spin for up to [`SPIN`] after a share before they park, and the caller works
+//! too, so the process keeps exactly `threads` threads busy (a third spinning thread would take
+//! a core from the caller's next op on a 2-core machine).
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::{avx2, columns, Weights, COLUMN_CHUNK};
+
+/// How long an idle helper waits for work before it parks (`KVPARK_CPU_SPIN_US` overrides it):
+/// first up to `PURE_SPINS` busy loops, then yielding the core between looks.
+const SPIN: Duration = Duration::from_millis(2);
+const PURE_SPINS: u32 = 2000;
+
+fn spin_time() -> Duration {
+    static SPIN_TIME: OnceLock<Duration> = OnceLock::new();
+    *SPIN_TIME.get_or_init(|| {
+        std::env::var("KVPARK_CPU_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(SPIN, Duration::from_micros)
+    })
+}
+/// Work below this size (weights of a product) runs on the calling thread: handing out shares
+/// costs more.
+const MIN_PARALLEL_WORK: usize = 64 * 1024;
+
+/// Pieces per thread a call is cut into: few enough that each is a long contiguous run of
+/// weights (what the hardware prefetcher and `avx2.rs`'s prefetches stream well), enough that
+/// the caller can take over most of the work of a helper the OS has descheduled.
+const PIECES_PER_THREAD: usize = 4;
+
+/// The work of one call: `tasks` numbered tasks in `pieces` contiguous pieces, each claimed by
+/// whichever thread is free.
+struct Job {
+    run: &'static (dyn Fn(Range<usize>) + Sync),
+    tasks: usize,
+    pieces: usize,
+    next: AtomicUsize,
+}
+
+impl Job {
+    /// Claims and runs pieces until none are left.
+    fn work(&self) {
+        loop {
+            let p = self.next.fetch_add(1, Ordering::Relaxed);
+            if p >= self.pieces {
+                return;
+            }
+            (self.run)(self.tasks * p / self.pieces..self.tasks * (p + 1) / self.pieces);
+        }
+    }
+}
+
+struct Shared {
+    epoch: AtomicUsize,
+    /// Helpers inside the current job; they join only while `job` is set (under its lock).
+    active: AtomicUsize,
+    panicked: AtomicBool,
+    stop: AtomicBool,
+    job: Mutex<Option<Arc<Job>>>,
+}
+
+struct Team {
+    threads: usize,
+    shared: Arc<Shared>,
+    helpers: Vec<JoinHandle<()>>,
+}
+
+/// The helpers and their count; `None` until [`set_threads`] asks for more than one thread.
+/// Locked for a whole call, so calls from several threads take turns.
+static TEAM: Mutex<Option<Team>> = Mutex::new(None);
+
+/// Sets how many threads the kernels use (1: the calling thread only). Cheap when unchanged.
+pub fn set_threads(n: usize) {
+    let n = n.max(1);
+    let mut team = TEAM.lock().unwrap_or_else(|e| e.into_inner());
+    if team.as_ref().map_or(1, |t| t.threads) == n {
+        return;
+    }
+    if let Some(old) = team.take() {
+        old.shared.stop.store(true, Ordering::SeqCst);
+        for h in old.helpers {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+    if n > 1 {
+        *team = Some(Team::start(n));
+    }
+}
+
+impl Team {
+    fn start(threads: usize) -> Self {
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            job: Mutex::new(None),
+        });
+        let helpers = (1..threads)
+            .map(|index| {
+                let shared = Arc::clone(&shared);
+                thread::Builder::new()
+                    .name(format!("kvpark-cpu-{index}"))
+                    .spawn(move || helper(&shared))
+                    .expect("start a kvpark-cpu-ops thread")
+            })
+            .collect();
+        Self {
+            threads,
+            shared,
+            helpers,
+        }
+    }
+
+    /// Runs `tasks` tasks on the caller and whichever helpers join in time. Tasks are claimed
+    /// one by one, so a helper the OS has descheduled delays the call by at most the task it
+    /// holds: the caller does the rest.
+    fn run<'a>(&self, tasks: usize, run: &'a (dyn Fn(Range<usize>) + Sync + 'a)) {
+        // SAFETY: helpers reach `run` only through `job`, which is cleared below before this
+        // function waits for `active` to drop to zero and returns; so no use outlives `run`.
+        let run = unsafe {
+            std::mem::transmute::<
+                &'a (dyn Fn(Range<usize>) + Sync + 'a),
+                &'static (dyn Fn(Range<usize>) + Sync),
+            >(run)
+        };
+        let pieces = tasks.min(self.threads * PIECES_PER_THREAD);
+        let job = Arc::new(Job {
+            run,
+            tasks,
+            pieces,
+            next: AtomicUsize::new(0),
+        });
+        *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&job));
+        self.shared.epoch.fetch_add(1, Ordering::SeqCst);
+        for h in &self.helpers {
+            h.thread().unpark(); // no system call unless the helper is parked
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| job.work()));
+        *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None; // no one joins now
+        while self.shared.active.load(Ordering::Acquire) > 0 {
+            std::hint::spin_loop();
+        }
+        if let Err(panic) = mine {
+            std::panic::resume_unwind(panic);
+        }
+        if self.shared.panicked.swap(false, Ordering::SeqCst) {
+            panic!("a kvpark-cpu-ops helper thread panicked");
+        }
+    }
+}
+
+fn helper(shared: &Shared) {
+    let mut seen = 0;
+    loop {
+        let idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if shared.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let epoch = shared.epoch.load(Ordering::Acquire);
+            if epoch != seen {
+                seen = epoch;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins < PURE_SPINS && idle_since.elapsed() < spin_time() {
+                std::hint::spin_loop();
+            } else if idle_since.elapsed() < spin_time() {
+                thread::yield_now(); // let another runnable thread (the server's) have the core
+            } else {
+                thread::park(); // `run` unparks; a spurious return just loops
+            }
+        }
+        let job = {
+            let current = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(job) = current.as_ref() else {
+                continue;
+            }; // finished without us
+            shared.active.fetch_add(1, Ordering::SeqCst);
+            Arc::clone(job)
+        };
+        if catch_unwind(AssertUnwindSafe(|| job.work())).is_err() {
+            shared.panicked.store(true, Ordering::SeqCst);
+        }
+        drop(job);
+        shared.active.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The output matrix, shared by threads that each write their own columns.
+pub(crate) struct Output<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: threads write disjoint elements (their own columns); nothing reads until all are done.
+unsafe impl Sync for Output<'_> {}
+
+impl<'a> Output<'a> {
+    pub(crate) fn new(y: &'a mut [f32]) -> Self {
+        Self {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    pub(crate) fn set(&self, i: usize, v: f32) {
+        assert!(i < self.len, "output index {i} out of {}", self.len);
+        // SAFETY: in bounds (checked), and each index is written by one thread only.
+        unsafe { *self.ptr.add(i) = v }
+    }
+}
+
+/// Calls `f` on contiguous ranges that together cover `0..tasks` once, spread over the threads
+/// of [`set_threads`]; on the calling thread alone (one call, `0..tasks`) when there is one
+/// thread or `work` (a size, in weights or values read) is too small to split.
+pub(crate) fn parallel(tasks: usize, work: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    let team = TEAM.lock().unwrap_or_else(|e| e.into_inner());
+    match team.as_ref() {
+        Some(team) if work >= MIN_PARALLEL_WORK && tasks > 1 => team.run(tasks, f),
+        _ => {
+            drop(team);
+            f(0..tasks);
+        }
+    }
+}
+
+pub(crate) fn run(x: &[f32], rows: usize, k: usize, w: Weights<'_>, y: &mut [f32]) {
+    let n = w.n();
+    let simd = avx2::available();
+    let out = Output::new(y);
+    let col = |c: usize| (c * COLUMN_CHUNK).min(n);
+    parallel(n.div_ceil(COLUMN_CHUNK), n * k, &|chunks| {
+        columns(
+            x,
+            rows,
+            k,
+            w,
+            col(chunks.start)..col(chunks.end),
+            &out,
+            simd,
+        )
+    });
+}
