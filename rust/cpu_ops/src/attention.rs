@@ -132,6 +132,9 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
     scores.clear();
     scores.resize(group * ctx, 0.0);
     for (c, &cell) in cells.iter().enumerate() {
+        if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
+            prefetch_row(a.k, (ahead as usize * kv + g) * d, d);
+        }
         let k = &a.k[(cell as usize * kv + g) * d..][..d];
         for j in 0..group {
             scores[j * ctx + c] = dot(&a.q[q_at(j)..][..d], k) * scale;
@@ -150,6 +153,9 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
     }
     let mut acc = vec![0.0f32; group * d];
     for (c, &cell) in cells.iter().enumerate() {
+        if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
+            prefetch_row(a.v, (ahead as usize * kv + g) * d, d);
+        }
         let v = &a.v[(cell as usize * kv + g) * d..][..d];
         for j in 0..group {
             let p = scores[j * ctx + c];
@@ -163,6 +169,26 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
             out.set(q_at(j) + i, *x);
         }
     }
+}
+
+/// Cells ahead whose K (or V) row is requested before it is read: a sequence's cells lie in
+/// pages scattered over the pool, where the hardware prefetcher cannot follow.
+const PREFETCH_CELLS: usize = 6;
+
+/// Asks for the cache lines of `values[at..at + len]`; a no-op off x86-64.
+#[inline(always)]
+fn prefetch_row(values: &[f32], at: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let row = &values[at..at + len];
+        for line in (0..len).step_by(16) {
+            // SAFETY: the address lies inside `row`, and a prefetch never faults anyway.
+            unsafe { _mm_prefetch(row.as_ptr().add(line) as *const i8, _MM_HINT_T0) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (values, at, len);
 }
 
 #[inline(always)]
