@@ -106,6 +106,48 @@ impl Weights<'_> {
             Weights::Q8(w) => w.n,
         }
     }
+
+    fn k(&self) -> usize {
+        match self {
+            Weights::Q4(w) => w.k,
+            Weights::Q8(w) => w.k,
+        }
+    }
+
+    /// Every slice has the length the shapes say.
+    fn check(&self, x: &[f32], y: &[f32], rows: usize) -> Result<(), ShapeError> {
+        let (n, k) = (self.n(), self.k());
+        check_common(x, y, rows, n, k)?;
+        match self {
+            Weights::Q4(w) => {
+                check("qs", w.qs.len(), n * k / 2)?;
+                check("scale", w.scale.len(), n * k / BLOCK)?;
+                check("offset", w.offset.len(), n * k / BLOCK)
+            }
+            Weights::Q8(w) => {
+                check("qs", w.qs.len(), n * k)?;
+                check("scale", w.scale.len(), n * k / BLOCK)
+            }
+        }
+    }
+}
+
+/// `y = x @ W.T`: on the thread team with SIMD where the CPU has it, or on the calling thread
+/// through the portable path (`simd` false).
+fn product(
+    x: &[f32],
+    rows: usize,
+    w: Weights<'_>,
+    y: &mut [f32],
+    simd: bool,
+) -> Result<(), ShapeError> {
+    w.check(x, y, rows)?;
+    if simd {
+        threads::run(x, rows, w.k(), w, y);
+    } else {
+        columns(x, rows, w.k(), w, 0..w.n(), &threads::Output::new(y), false);
+    }
+    Ok(())
 }
 
 /// `y = x @ W.T` for 4-bit block weights.
@@ -115,12 +157,7 @@ pub fn matmul_q4(
     w: Q4Weights<'_>,
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
-    check_common(x, y, rows, w.n, w.k)?;
-    check("qs", w.qs.len(), w.n * w.k / 2)?;
-    check("scale", w.scale.len(), w.n * w.k / BLOCK)?;
-    check("offset", w.offset.len(), w.n * w.k / BLOCK)?;
-    threads::run(x, rows, w.k, Weights::Q4(w), y);
-    Ok(())
+    product(x, rows, Weights::Q4(w), y, true)
 }
 
 /// `y = x @ W.T` for 8-bit block weights.
@@ -130,11 +167,7 @@ pub fn matmul_q8(
     w: Q8Weights<'_>,
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
-    check_common(x, y, rows, w.n, w.k)?;
-    check("qs", w.qs.len(), w.n * w.k)?;
-    check("scale", w.scale.len(), w.n * w.k / BLOCK)?;
-    threads::run(x, rows, w.k, Weights::Q8(w), y);
-    Ok(())
+    product(x, rows, Weights::Q8(w), y, true)
 }
 
 /// The same products without SIMD, for tests that check both paths give the same bits.
@@ -144,20 +177,7 @@ pub fn matmul_q4_plain(
     w: Q4Weights<'_>,
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
-    check_common(x, y, rows, w.n, w.k)?;
-    check("qs", w.qs.len(), w.n * w.k / 2)?;
-    check("scale", w.scale.len(), w.n * w.k / BLOCK)?;
-    check("offset", w.offset.len(), w.n * w.k / BLOCK)?;
-    columns(
-        x,
-        rows,
-        w.k,
-        Weights::Q4(w),
-        0..w.n,
-        &threads::Output::new(y),
-        false,
-    );
-    Ok(())
+    product(x, rows, Weights::Q4(w), y, false)
 }
 
 /// See [`matmul_q4_plain`].
@@ -167,19 +187,7 @@ pub fn matmul_q8_plain(
     w: Q8Weights<'_>,
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
-    check_common(x, y, rows, w.n, w.k)?;
-    check("qs", w.qs.len(), w.n * w.k)?;
-    check("scale", w.scale.len(), w.n * w.k / BLOCK)?;
-    columns(
-        x,
-        rows,
-        w.k,
-        Weights::Q8(w),
-        0..w.n,
-        &threads::Output::new(y),
-        false,
-    );
-    Ok(())
+    product(x, rows, Weights::Q8(w), y, false)
 }
 
 /// Output columns `cols` of every row: `y[r * n + c]` for `c` in `cols`. `y` is the whole
