@@ -25,7 +25,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from kvpark.model.arch import SUPPORTED_ARCHS, ModelArch, ModelLoadError, RopeScaling
-from kvpark.ops.block_weights import BLOCK_TYPES, BlockWeight
+from kvpark.ops.block_weights import BLOCK_TYPES, BlockWeight, half_at, nibbles
 
 _MAGIC = b"GGUF"
 _SCALARS = {
@@ -172,20 +172,10 @@ class GgufFile:
         return torch.from_numpy(values).view(shape)
 
 
-# Blocks of 32 weights: an f16 scale d (and for Q4_1 an f16 offset m), then the quants. 4-bit quants
-# hold weight i in the low nibble of byte i and weight i + 16 in the high nibble.
-def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:
-    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()  # [n, 1]
-
-
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    return torch.cat((qs & 0x0F, qs >> 4), dim=1).float()  # [n, 32]
-
-
 _TORCH_DEQUANT: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
-    GGMLQuantizationType.Q8_0: lambda b: b[:, 2:].view(torch.int8).float() * _half(b, 0),
-    GGMLQuantizationType.Q4_0: lambda b: (_nibbles(b[:, 2:]) - 8) * _half(b, 0),
-    GGMLQuantizationType.Q4_1: lambda b: _half(b, 0) * _nibbles(b[:, 4:]) + _half(b, 2),
+    GGMLQuantizationType.Q8_0: lambda b: b[:, 2:].view(torch.int8).float() * half_at(b, 0),
+    GGMLQuantizationType.Q4_0: lambda b: (nibbles(b[:, 2:]) - 8) * half_at(b, 0),
+    GGMLQuantizationType.Q4_1: lambda b: half_at(b, 0) * nibbles(b[:, 4:]) + half_at(b, 2),
 }
 
 

@@ -60,12 +60,12 @@ class BlockWeight:
             raise ValueError(f"a {shape} matrix does not split into blocks of {BLOCK}")
         size = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[qtype]
         blocks = raw.view(out * inp // BLOCK, size)
-        scale = _half(blocks, 0)
+        scale = half_at(blocks, 0).view(-1)
         if qtype == Q8_0:
             qs = blocks[:, 2:].contiguous().view(torch.int8).view(out, inp)
             return BlockWeight("q8", qs, scale.view(out, -1), None)
         # Q4_0 is Q4_1 with offset -8 * scale (exact: a power-of-two multiple)
-        offset = _half(blocks, 2) if qtype == Q4_1 else -8.0 * scale
+        offset = half_at(blocks, 2).view(-1) if qtype == Q4_1 else -8.0 * scale
         qs = blocks[:, size - BLOCK // 2 :].contiguous().view(out, inp // 2)
         return BlockWeight("q4", qs, scale.view(out, -1), offset.view(out, -1))
 
@@ -75,8 +75,7 @@ class BlockWeight:
         scale = self.scale.reshape(-1, 1)
         if self.kind == "q8":
             return (self.qs.view(-1, BLOCK).float() * scale).view(out, inp)
-        qs = self.qs.view(-1, BLOCK // 2)
-        q = torch.cat((qs & 0x0F, qs >> 4), dim=1).float()
+        q = nibbles(self.qs.view(-1, BLOCK // 2))
         assert self.offset is not None
         return (scale * q + self.offset.reshape(-1, 1)).view(out, inp)
 
@@ -100,8 +99,16 @@ class BlockWeight:
         )
 
 
-def _half(blocks: Tensor, at: int) -> Tensor:
-    return blocks[:, at : at + 2].contiguous().view(torch.float16).float().view(-1)
+# GGUF's 32-weight blocks: an f16 scale (and for Q4_1 an f16 offset), then the quants. 4-bit quants
+# hold weight i of a block in the low nibble of byte i and weight i + 16 in the high nibble.
+def half_at(blocks: Tensor, at: int) -> Tensor:
+    """The f16 at byte ``at`` of every block (uint8 [n, size]), as float32 [n, 1]."""
+    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
+
+
+def nibbles(qs: Tensor) -> Tensor:
+    """4-bit quants (uint8 [n, 16]) as float32 [n, 32], in weight order."""
+    return torch.cat((qs & 0x0F, qs >> 4), dim=1).float()
 
 
 def set_threads(n: int) -> None:
