@@ -12,13 +12,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvpark.ops import KVCache
-from kvpark.ops.chunked_attention import chunked_attention, prepare
+from kvpark.ops import KVCache, block_weights, chunked_attention, exact_attention
+from kvpark.ops.cpu_attention import NativeDecode
 from kvpark.ops.tiled_linear import tiled_linear
 from test_attention_ops import PAGE, STEPS, make_step, reference, tiny_arch
 
 LINEAR_SHAPES = [(64, 96), (576, 960), (1536, 576)]  # (in, out); the last two are SmolLM2's
 ROWS = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100]
+# Exact mode's attention: the op set's own (one Rust kernel entry per row on CPU float32 pools,
+# chunk tiles otherwise), and the torch chunk tiles on their own (CUDA without Triton).
+ATTENTION = {
+    "exact": (exact_attention.prepare, exact_attention.exact_attention),
+    "chunked": (chunked_attention.prepare, chunked_attention.chunked_attention),
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -51,9 +57,11 @@ def _pool(dtype: torch.dtype, n_kv: int, d: int, n_pages: int = 400) -> KVCache:
     return KVCache.allocate(arch, n_pages, PAGE, dtype, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("impl", list(ATTENTION))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_chunked_attention_matches_reference(step: str, dtype: torch.dtype) -> None:
+def test_exact_attention_matches_reference(step: str, dtype: torch.dtype, impl: str) -> None:
+    prepare, attend = ATTENTION[impl]
     arch = tiny_arch(6, 2)
     meta, cells = make_step(STEPS[step], n_pages=40, seed=len(step))
     kv = KVCache.allocate(arch, 40, PAGE, dtype, torch.device("cpu"))
@@ -61,7 +69,10 @@ def test_chunked_attention_matches_reference(step: str, dtype: torch.dtype) -> N
     for layer in (kv.k[0], kv.v[0]):
         layer.copy_(torch.randn(layer.shape, generator=g).to(dtype))
     q = torch.randn(meta.n_rows, 6, arch.head_dim, generator=g).to(dtype)
-    got = chunked_attention(q, kv.k[0], kv.v[0], prepare(meta, arch, dtype))
+    plan = prepare(meta, arch, dtype)
+    native = impl == "exact" and dtype == torch.float32
+    assert isinstance(plan, NativeDecode) == native  # the Rust kernel on CPU float32 pools
+    got = attend(q, kv.k[0], kv.v[0], plan)
     k_flat = kv.k[0].view(-1, 2, arch.head_dim)
     want = reference(q, k_flat, kv.v[0].view(-1, 2, arch.head_dim), meta, cells)
     assert got.shape == q.shape and got.dtype == dtype
@@ -72,8 +83,9 @@ def test_chunked_attention_matches_reference(step: str, dtype: torch.dtype) -> N
 class Sequences:
     """Per-sequence q, k and v at every position: a sequence's numbers are the same in any step."""
 
-    def __init__(self, n_heads: int, n_kv: int, d: int, dtype: torch.dtype) -> None:
+    def __init__(self, n_heads: int, n_kv: int, d: int, dtype: torch.dtype, impl: str) -> None:
         self.n_heads, self.n_kv, self.d, self.dtype = n_heads, n_kv, d, dtype
+        self.prepare, self.attention = ATTENTION[impl]
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def data(self, key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -102,19 +114,21 @@ class Sequences:
             k_flat[idx], v_flat[idx] = k[:ctx], v[:ctx]
             q_rows.append(q[ctx - n : ctx])
         arch = tiny_arch(self.n_heads, self.n_kv, self.d)
-        out = chunked_attention(
-            torch.cat(q_rows), kv.k[0], kv.v[0], prepare(meta, arch, self.dtype)
-        )
+        plan = self.prepare(meta, arch, self.dtype)
+        out = self.attention(torch.cat(q_rows), kv.k[0], kv.v[0], plan)
         return {
             key: out[meta.query_start[b] : meta.query_start[b + 1]]
             for b, (key, _, _) in enumerate(seqs)
         }
 
 
+@pytest.mark.parametrize("impl", list(ATTENTION))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4)])
-def test_chunked_attention_rows_are_invariant(dtype: torch.dtype, heads: tuple[int, int]) -> None:
-    s = Sequences(heads[0], heads[1], 16, dtype)
+def test_exact_attention_rows_are_invariant(
+    dtype: torch.dtype, heads: tuple[int, int], impl: str
+) -> None:
+    s = Sequences(heads[0], heads[1], 16, dtype, impl)
     n = 150  # crosses key chunks (64) and query tiles (16)
     whole = s.attend([(0, n, n)], seed=1)[0]
     rng = random.Random(3)
@@ -133,3 +147,16 @@ def test_chunked_attention_rows_are_invariant(dtype: torch.dtype, heads: tuple[i
     for pos in (0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 149):
         decode = s.attend([(5, 1, 77), (0, 1, pos + 1), (6, 3, 3)], seed=30 + pos)[0]
         assert torch.equal(decode[0], whole[pos]), f"decode row {pos}"
+
+
+def test_native_exact_attention_does_not_depend_on_the_kernel_threads() -> None:
+    s = Sequences(6, 2, 16, torch.float32, "exact")
+    step = [(1, 40, 90), (0, 1, 150), (2, 7, 7)]
+    block_weights.set_threads(1)
+    one = s.attend(step, seed=4)
+    block_weights.set_threads(3)
+    try:
+        three = s.attend(step, seed=4)
+    finally:
+        block_weights.set_threads(1)
+    assert all(torch.equal(one[k], three[k]) for k in one)

@@ -4,10 +4,11 @@
 directly, so that exact mode (SPEC §6) can swap in batch-invariant versions without touching the
 model.
 ``OpSet.default()`` is the fast torch reference path; ``OpSet.exact()`` is row-invariant (SPEC §6):
-fixed row tiles for matmuls and fixed query tiles and key chunks for attention, with the row-wise
-norm, rope and KV store of the default set. A weight is a tensor or a ``BlockWeight`` (a GGUF
-block-quantised matrix kept as blocks, ``--weights blocks``); every set's ``linear`` multiplies
-the latter with ``block_linear``, which is row-invariant in both modes.
+fixed row tiles for matmuls and, for attention, one kernel entry per row on the CPU (fixed query
+tiles and key chunks elsewhere), with the row-wise norm, rope and KV store of the default set.
+A weight is a tensor or a ``BlockWeight`` (a GGUF block-quantised matrix kept as blocks,
+``--weights blocks``); every set's ``linear`` multiplies the latter with ``block_linear``, which
+is row-invariant in both modes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvpark.ops import attention, chunked_attention, kv_cache, linear, norm, rope, tiled_linear
+from kvpark.ops import (
+    attention,
+    exact_attention,
+    kv_cache,
+    linear,
+    norm,
+    rope,
+    tiled_linear,
+)
 from kvpark.ops.block_weights import BlockWeight, block_linear
 from kvpark.ops.kv_cache import KVCache
 from kvpark.ops.metadata import AttentionMetadata
@@ -85,11 +94,11 @@ _EXACT = OpSet(
     name="exact",
     row_invariant=True,
     linear=with_blocks(tiled_linear.tiled_linear),
-    rms_norm=norm.rms_norm,  # row-wise reductions: invariant as they are (feasibility §3.1)
+    rms_norm=norm.rms_norm_cpu,  # row-wise reductions: invariant as they are (feasibility §3.1)
     rope=rope.apply_rope,  # elementwise products and sums: exact per element
     store_kv=kv_cache.store_kv,
-    prepare_attention=chunked_attention.prepare,
-    attention=chunked_attention.chunked_attention,
+    prepare_attention=exact_attention.prepare,
+    attention=exact_attention.exact_attention,
 )
 
 __all__ = ["AttentionMetadata", "BlockWeight", "KVCache", "OpSet", "Weight", "with_blocks"]

@@ -4,7 +4,8 @@ The torch path (``attention.py``) gathers every decode sequence's cells into a p
 ``index_select`` and then runs SDPA: at 8 decoding chats that gather was the largest op of a
 step. The Rust kernel reads each cell's K and V where it lies, through the sequence's cell list,
 for all decode rows of a step in one call, split over the CPU kernel threads. Prompt rows keep the
-torch path. Float32 pools only; ``attention.prepare`` picks this path by itself.
+torch path. Float32 pools only; ``attention.prepare`` picks this path by itself. Exact mode sends
+every row through it, prompt rows as entries of their own (``plan_rows``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kvpark import _core
+from kvpark.ops.metadata import AttentionMetadata
 
 Tensor = torch.Tensor
 
@@ -38,6 +40,31 @@ def plan(cell_index: Tensor, seqs: list[int], context: list[int], rows: list[int
         cells=cells[:, :width].to(torch.int64).contiguous(),
         context=torch.tensor(context, dtype=torch.int64),
         rows=torch.tensor(rows, dtype=torch.int64),
+    )
+
+
+def plan_rows(meta: AttentionMetadata) -> NativeDecode:
+    """Every row of a step as its own entry, prompt rows included: a row at position ``p`` of its
+    sequence attends to the sequence's first ``p + 1`` cells. The kernel's arithmetic for an entry
+    depends only on its query and those cells, so a prompt row gets the bits it would get as a
+    decode step (exact mode's attention on the CPU, ``exact_attention.py``)."""
+    seq_of_row: list[int] = []
+    context: list[int] = []
+    for b in range(meta.n_seqs):
+        first, last = meta.query_start[b], meta.query_start[b + 1]
+        start = meta.context_lens[b] - (last - first)
+        if last <= first or start < 0:
+            raise ValueError(f"bad step: sequence {b} has rows {first}..{last}")
+        seq_of_row += [b] * (last - first)
+        context += range(start + 1, meta.context_lens[b] + 1)
+    width = max(context)
+    cells = meta.cell_index[:, :width].to(torch.int64)
+    if meta.n_rows != meta.n_seqs:  # a prompt's rows share its cell list
+        cells = cells.index_select(0, torch.tensor(seq_of_row, dtype=torch.int64))
+    return NativeDecode(
+        cells=cells.contiguous(),
+        context=torch.tensor(context, dtype=torch.int64),
+        rows=torch.arange(meta.n_rows, dtype=torch.int64),
     )
 
 
