@@ -129,8 +129,10 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
     let cells = &a.cells[b * a.stride..b * a.stride + ctx];
     let scale = 1.0 / (d as f32).sqrt();
     let q_at = |j: usize| (row * a.heads + g * group + j) * d;
+    // One buffer per thread for the scores and the accumulator: no allocation per task.
     scores.clear();
-    scores.resize(group * ctx, 0.0);
+    scores.resize(group * (ctx + d), 0.0);
+    let (scores, acc) = scores.split_at_mut(group * ctx);
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
             prefetch_row(a.k, (ahead as usize * kv + g) * d, d);
@@ -151,7 +153,6 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
         let inv = 1.0 / sum;
         s.iter_mut().for_each(|x| *x *= inv);
     }
-    let mut acc = vec![0.0f32; group * d];
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
             prefetch_row(a.v, (ahead as usize * kv + g) * d, d);
