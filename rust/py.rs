@@ -8,6 +8,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::planner::{self, Action, ParkMode, PlannerConfig, Policy, RamView, RequestState};
 use crate::{KvError, KvPool, PageId, RequestView, SeqId};
@@ -839,6 +840,30 @@ fn _cpu_set_threads(n: usize) {
     kvpark_cpu_ops::set_threads(n);
 }
 
+/// The CPU features the kernels see, `(cpu, effective)`: each a dict of flag -> bool plus
+/// `"isa"` (plain, avx2 or avx512); `effective` is `cpu` under the cap in `KVPARK_CPU_ISA`.
+/// Raises ValueError for a value that variable cannot hold.
+#[pyfunction]
+fn _cpu_features(py: Python<'_>) -> PyResult<(Py<PyDict>, Py<PyDict>)> {
+    use kvpark_cpu_ops::isa::{effective, Features, Isa, ISA_VAR};
+    if let Ok(text) = std::env::var(ISA_VAR) {
+        Isa::parse_cap(&text).map_err(PyValueError::new_err)?;
+    }
+    let as_dict = |f: Features| -> PyResult<Py<PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("isa", f.level().name())?;
+        d.set_item("avx2", f.avx2)?;
+        d.set_item("fma", f.fma)?;
+        d.set_item("avx512f", f.avx512f)?;
+        d.set_item("avx512bw", f.avx512bw)?;
+        d.set_item("avx512vl", f.avx512vl)?;
+        d.set_item("avx512_bf16", f.avx512_bf16)?;
+        d.set_item("avx512_vnni", f.avx512_vnni)?;
+        Ok(d.unbind())
+    };
+    Ok((as_dict(Features::detect())?, as_dict(effective())?))
+}
+
 /// kvpark's KV cell pool, page tables, occupancy queries and preemption planner, from the Rust
 /// crate kvpark-core.
 #[pymodule]
@@ -854,6 +879,7 @@ fn kvpark_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_set_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(_cpu_features, m)?)?;
     m.add("PoolFullError", m.py().get_type::<PoolFullError>())?;
     Ok(())
 }

@@ -68,6 +68,14 @@ class Server:
                 return float(line.split()[1])
         raise AssertionError(f"{name} not in /metrics")
 
+    def wait_for_log(self, needle: str, timeout: float = 60.0) -> str:
+        """Poll the log until it contains ``needle``; the log then."""
+        deadline = time.monotonic() + timeout
+        while needle not in (text := self.log()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert needle in text, f"{needle!r} not in the server log after {timeout} s:\n{text}"
+        return text
+
     def wait_cells_free(self, timeout: float = 60.0) -> None:
         """Poll /metrics until no cell is held (the engine frees an aborted request's cells)."""
         deadline = time.monotonic() + timeout
@@ -79,9 +87,13 @@ class Server:
 
 
 def start_server(
-    *extra: str, api_key: str | None = None, environ: dict[str, str] | None = None
+    *extra: str,
+    api_key: str | None = None,
+    environ: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Server:
-    port = free_port()
+    """``port``: a fixed one (the README's 8000); None: a free one."""
+    port = free_port() if port is None else port
     fd, log_name = tempfile.mkstemp(prefix="kvpark-server-", suffix=".log")
     package_root = str(Path(kvpark.__file__).resolve().parent.parent)
     env = {
@@ -122,10 +134,13 @@ def stop_server(server: Server) -> None:
 
 
 def serve_for_module(
-    *extra: str, api_key: str | None = None, environ: dict[str, str] | None = None
+    *extra: str,
+    api_key: str | None = None,
+    environ: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[Server]:
     """Body of a module-scoped fixture: ``yield from serve_for_module(...)``."""
-    server = start_server(*extra, api_key=api_key, environ=environ)
+    server = start_server(*extra, api_key=api_key, environ=environ, port=port)
     try:
         yield server
     finally:

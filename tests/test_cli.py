@@ -6,6 +6,7 @@ Parsing is tested in-process (fast); one subprocess checks ``python -m kvpark`` 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -116,6 +117,9 @@ def test_every_serve_flag_has_an_env_name() -> None:
         "API_KEY_FILE",
         "SSE_PING_INTERVAL",
         "LOG_FORMAT",
+        "LOG_HEALTH",
+        "LOG_STATS_INTERVAL",
+        "SERVED_MODEL_NAME",
     ):
         assert f"KVPARK_{name}" in names
 
@@ -133,6 +137,8 @@ def test_every_serve_flag_has_an_env_name() -> None:
         (["serve", "--preempt-policy", "random"], "--preempt-policy"),
         (["serve", "--sse-ping-interval", "-1"], "--sse-ping-interval"),
         (["serve", "--log-format", "xml"], "--log-format"),
+        (["serve", "--log-stats-interval", "-1"], "--log-stats-interval"),
+        (["serve", "--log-stats-interval", "nan"], "--log-stats-interval"),
         (["serve", "--model", "/no/such/model.gguf"], "no such file"),
         (["serve", "--api-key", "a", "--api-key-file", "/etc/hostname"], "not both"),
         (["serve", "--api-key-file", "/no/such/key"], "--api-key-file"),
@@ -158,6 +164,74 @@ def test_bad_env_values_exit_2_naming_the_variable(
             m.setenv(name, value)
             code, err = exit_code_and_error(["serve"], capsys)
             assert code == 2 and name in err
+
+
+def help_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``--help`` output, whitespace folded (argparse wraps lines anywhere)."""
+    with pytest.raises(SystemExit) as raised:
+        cli.main(argv)
+    assert raised.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_help_shows_every_flags_default_in_words(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = help_text([command, "--help"], capsys)
+    parser = (
+        cli.build_parser().parse_args([command, "x"] if command == "generate" else [command]).parser
+    )
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    # every option's help ends with its default: count them against the options
+    assert text.count("(default: ") >= len(options)
+    assert "default: None" not in text and "default: False" not in text
+    assert "default: True" not in text and "default: []" not in text
+    for words in ("(default: 16384)", "(default: off)", "(default: on)", "(default: auto)"):
+        assert words in text
+    if command == "serve":
+        assert "--log-stats-interval SECONDS" in text and "(default: 10.0)" in text
+        assert "--api-key API_KEY require" in text and "/health (default: none)" in text
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["--version"])
+    assert raised.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kvpark {importlib.metadata.version('kvpark')}"
+
+
+def test_a_positional_model_is_the_same_as_dash_dash_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "tiny.gguf"
+    model.touch()  # engine_config only checks that it exists
+    positional, _ = parse(["serve", str(model), "--port", "9001"])
+    flagged, _ = parse(["serve", "--model", str(model), "--port", "9001"])
+    assert positional == flagged
+    assert positional.model.model == str(model)  # type: ignore[attr-defined]
+    both, _ = parse(["serve", str(model), "--model", str(model)])
+    assert both == flagged
+    code, err = exit_code_and_error(["serve", str(model), "--model", str(tmp_path)], capsys)
+    assert code == 2 and "MODEL" in err and "--model" in err and "differ" in err
+    # KVPARK_MODEL still works, and a MODEL on the command line wins over it, as flags do
+    monkeypatch.setenv("KVPARK_MODEL", str(tmp_path))
+    from_env, _ = parse(["serve"])
+    assert from_env.model.model == str(tmp_path)  # type: ignore[attr-defined]
+    assert parse(["serve", str(model)])[0] == flagged
+
+
+def test_logging_flags_and_their_env_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, default = parse(["serve"])
+    assert default.log_health is False and default.log_stats_interval == 10.0  # type: ignore[attr-defined]
+    _, flags = parse(["serve", "--log-health", "--log-stats-interval", "0"])
+    assert flags.log_health is True and flags.log_stats_interval == 0.0  # type: ignore[attr-defined]
+    monkeypatch.setenv("KVPARK_LOG_HEALTH", "1")
+    monkeypatch.setenv("KVPARK_LOG_STATS_INTERVAL", "2.5")
+    _, from_env = parse(["serve"])
+    assert from_env.log_health is True and from_env.log_stats_interval == 2.5  # type: ignore[attr-defined]
+    _, overridden = parse(["serve", "--log-stats-interval", "5"])
+    assert overridden.log_stats_interval == 5.0  # type: ignore[attr-defined]
 
 
 def test_api_key_file(tmp_path: Path) -> None:

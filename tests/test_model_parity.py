@@ -1,17 +1,20 @@
 """Our paged forward against Hugging Face transformers on the same GGUF weights, and against itself
 alone vs batched.
 
-Tolerances (measured on the 2-core dev VM, transformers 5.24, see the module constants):
-- fp32: logits within 1e-3 of transformers at every prompt position (measured ~1e-4), greedy tokens
-  identical.
-- bf16 (ours) vs fp32 (transformers): logits within BF16_LOGIT_TOL (measured 1.20 on logits ranging
-  over ~40; transformers in bf16 differs from its fp32 by the same 1.20, and our bf16 prompt logits
-  equal transformers' bf16 ones), greedy tokens identical for the first BF16_GREEDY_PREFIX tokens of
-  each prompt (measured: 19, 32 and 32 of 32; the first prompt's answer ends at token 8).
+No tolerance here is a number measured on one machine (the CPU differs between machines of one
+kind: AVX2-only, or AVX-512 with native bf16). Logits are judged against transformers run in
+float64 on the same weights, and our error must stay within a small factor of transformers' own
+error in the same precision, measured in the same run on the same machine:
+- fp32: max |ours - f64| <= FP32_FACTOR * max |transformers fp32 - f64| (+ one float32 ulp of
+  the largest logit); greedy tokens identical to transformers fp32.
+- bf16: max |ours bf16 - f64| <= BF16_FACTOR * max |transformers bf16 - f64|. Greedy tokens are
+  not compared: bf16 decode parts from float32 within 32 tokens (the reason ``--dtype auto`` is
+  float32 on the CPU, docs/cpu-kernels.md).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 import warnings
@@ -26,9 +29,8 @@ from kvpark.ops import AttentionMetadata, KVCache
 
 PAGE = 16
 CPU = torch.device("cpu")
-FP32_LOGIT_TOL = 1e-3
-BF16_LOGIT_TOL = 1.5  # measured 1.20: the same as transformers' own bf16 against its fp32
-BF16_GREEDY_PREFIX = 16  # measured: first 19, 32 and 32 of 32 greedy tokens equal
+FP32_FACTOR = 4.0  # two float32 implementations differ in sum order, not in error size
+BF16_FACTOR = 2.0
 QUESTIONS = [
     "What is the capital of France?",
     "Write a haiku about the ocean.",
@@ -173,9 +175,27 @@ def prompts(ours: LoadedModel) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_reference(hf: Any, prompts: list[list[int]]) -> dict[str, Any]:
+    """transformers' greedy tokens and first-prompt logits in fp32, and its logits in float64
+    and bf16 (the same weights, copied) to judge every logit error against."""
+    ids = torch.tensor([prompts[0]])
     with torch.inference_mode():
-        logits = hf(torch.tensor([prompts[0]])).logits[0].float()
-    return {"logits": logits, "greedy": [hf_greedy(hf, p, 32) for p in prompts]}
+        logits = hf(ids).logits[0].float()
+        f64 = copy.deepcopy(hf).double()(ids).logits[0]
+        bf16 = copy.deepcopy(hf).to(torch.bfloat16)(ids).logits[0].double()
+    return {
+        "logits": logits,
+        "f64": f64,
+        "fp32_error": (logits.double() - f64).abs().max().item(),
+        "bf16_error": (bf16 - f64).abs().max().item(),
+        "greedy": [hf_greedy(hf, p, 32) for p in prompts],
+    }
+
+
+def fp32_bound(ref: dict[str, Any]) -> float:
+    """What our float32 logits may be off from float64: FP32_FACTOR times transformers' own
+    float32 error, plus one float32 rounding of the largest logit."""
+    ulp = float(ref["f64"].abs().max()) * 2.0**-23
+    return FP32_FACTOR * float(ref["fp32_error"]) + ulp
 
 
 def test_prompt_logits_one_chunk(
@@ -183,9 +203,10 @@ def test_prompt_logits_one_chunk(
 ) -> None:
     assert 30 <= len(prompts[0]) <= 50
     logits = run(ours, new_cache(ours), Pager(64), [(0, prompts[0])], all_rows=True)
-    diff = (logits - hf_reference["logits"]).abs().max().item()
-    print(f"fp32 one chunk: max |dlogits| = {diff:.2e}")
-    assert diff < FP32_LOGIT_TOL
+    diff = (logits.double() - hf_reference["f64"]).abs().max().item()
+    print(f"fp32 one chunk: max |ours - f64| = {diff:.2e}, transformers fp32 "
+          f"{hf_reference['fp32_error']:.2e}")  # fmt: skip
+    assert diff <= fp32_bound(hf_reference)
 
 
 def test_prompt_logits_in_chunks(
@@ -196,9 +217,9 @@ def test_prompt_logits_in_chunks(
     parts = [ids[:7], ids[7:20], ids[20:]]
     logits = torch.cat([run(ours, kv, pager, [(0, part)], all_rows=True) for part in parts])
     assert pager.tables[0] != sorted(pager.tables[0])  # scattered pages
-    diff = (logits - hf_reference["logits"]).abs().max().item()
-    print(f"fp32 chunks 7+13+rest: max |dlogits| = {diff:.2e}")
-    assert diff < FP32_LOGIT_TOL
+    diff = (logits.double() - hf_reference["f64"]).abs().max().item()
+    print(f"fp32 chunks 7+13+rest: max |ours - f64| = {diff:.2e}")
+    assert diff <= fp32_bound(hf_reference)
 
 
 def test_greedy_matches_transformers(
@@ -208,17 +229,15 @@ def test_greedy_matches_transformers(
         assert greedy(ours, {0: ids}, 32)[0] == expected
 
 
-def test_bf16_within_measured_tolerance(
+def test_bf16_as_accurate_as_transformers_bf16(
     ours_bf16: LoadedModel, prompts: list[list[int]], hf_reference: dict[str, Any]
 ) -> None:
     logits = run(ours_bf16, new_cache(ours_bf16), Pager(64), [(0, prompts[0])], all_rows=True)
-    diff = (logits - hf_reference["logits"]).abs().max().item()
+    diff = (logits.double() - hf_reference["f64"]).abs().max().item()
     agree = (logits.argmax(-1) == hf_reference["logits"].argmax(-1)).float().mean().item()
-    print(f"bf16 vs fp32 transformers: max |dlogits| = {diff:.3f}, argmax agreement {agree:.2f}")
-    assert diff < BF16_LOGIT_TOL
-    for ids, expected in zip(prompts, hf_reference["greedy"], strict=True):
-        got = greedy(ours_bf16, {0: ids}, BF16_GREEDY_PREFIX)[0]
-        assert got == expected[:BF16_GREEDY_PREFIX]
+    print(f"bf16: max |ours - f64| = {diff:.3f}, transformers bf16 "
+          f"{hf_reference['bf16_error']:.3f}, argmax agreement with fp32 {agree:.2f}")  # fmt: skip
+    assert diff <= BF16_FACTOR * hf_reference["bf16_error"]
 
 
 @pytest.fixture(scope="module")

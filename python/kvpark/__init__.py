@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# first: env caps torch's kernels by KVPARK_CPU_ISA as it is imported, before anything loads torch
+from kvpark import env  # noqa: F401
 from kvpark.async_engine import AsyncEngine
 from kvpark.config import EngineConfig, ModelConfig, PoolConfig, SchedulerConfig, ServerConfig
 from kvpark.engine import LLMEngine, RequestRejected

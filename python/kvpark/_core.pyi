@@ -13,6 +13,7 @@ __all__ = [
     "RequestView",
     "_blockmm_q4",
     "_blockmm_q8",
+    "_cpu_features",
     "_cpu_set_threads",
     "_decode_attention",
     "_rms_norm",
@@ -357,4 +358,10 @@ def _rms_norm(x: int, n_values: int, weight: int, d: int, eps: float, out: int) 
 def _cpu_set_threads(n: int) -> None:
     """How many threads the CPU kernels (block matmuls, decode attention) use (1: the calling
     thread only).
+    """
+
+def _cpu_features() -> tuple[dict[str, bool | str], dict[str, bool | str]]:
+    """The CPU features the kernels see, `(cpu, effective)`: each a dict of flag -> bool plus
+    `"isa"` (plain, avx2 or avx512); `effective` is `cpu` under the cap in `KVPARK_CPU_ISA`.
+    Raises ValueError for a value that variable cannot hold.
     """

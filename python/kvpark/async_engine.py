@@ -9,6 +9,13 @@
 
 Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees
 its cells at the start of the engine's next step.
+
+Admission happens on the engine thread: ``LLMEngine.add_request`` refuses a request past
+``--max-waiting`` (its only event is then a 503 ``ErrorEvent``). The adds one event-loop tick makes
+(every prompt of a multi-prompt request) reach the engine thread as one inbox item, so they are
+admitted or refused together, before any of them runs a step. After each step, a request still
+waiting that has not been told gets a ``QueuedEvent`` as its first event, and
+:meth:`AsyncEngine.queue_position` reports its current place until it leaves the queue.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 from kvpark.config import EngineConfig
 from kvpark.engine import LLMEngine, RequestRejected
 from kvpark.model.tokenizer import Tokenizer
-from kvpark.outputs import ErrorEvent, FinishedEvent, StreamEvent
+from kvpark.outputs import ErrorEvent, FinishedEvent, QueuedEvent, StreamEvent
 from kvpark.runner_protocol import Runner, RunnerFactory
 from kvpark.sampling import SamplingParams
 from kvpark.slots import describe_slots
@@ -36,6 +43,7 @@ log = logging.getLogger("kvpark.engine")
 IDLE_WAIT_S = 0.5
 
 _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
+_Add = tuple[str, list[int], SamplingParams]
 
 
 class AsyncEngine:
@@ -52,6 +60,10 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._slots: list[dict[str, object]] = []
+        self._queued: dict[str, int] = {}  # request id -> place in the wait queue (published)
+        self._announced: set[str] = set()  # waiting requests told so (engine thread only)
+        self._adds: dict[asyncio.AbstractEventLoop, list[_Add]] = {}  # this tick's adds, per loop
+        self._adds_lock = threading.Lock()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -109,7 +121,7 @@ class AsyncEngine:
         if request_id in self._streams:
             raise RequestRejected(f"duplicate request id {request_id!r}")
         self._streams[request_id] = (loop, events)
-        self._post("add", (request_id, list(prompt_ids), params))
+        self._post_add(loop, (request_id, list(prompt_ids), params))
         done = False
         try:
             while not done:
@@ -123,15 +135,46 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
+        self._flush_adds(None)  # an add still held back must reach the engine before its abort
         self._post("abort", request_id)
 
     def _post(self, kind: str, payload: Any) -> None:
         self._inbox.put((kind, payload))
         self._wake.set()
 
+    def _post_add(self, loop: asyncio.AbstractEventLoop, add: _Add) -> None:
+        """Hold the add back until the end of this loop tick, then post the tick's adds at once.
+
+        The prompts of one HTTP request start in the same tick: posted as one inbox item, they are
+        admitted together, so a full queue refuses the whole request before any prompt streams.
+        """
+        with self._adds_lock:
+            held = self._adds.setdefault(loop, [])
+            held.append(add)
+            first = len(held) == 1
+        if first:
+            loop.call_soon(self._flush_adds, loop)
+
+    def _flush_adds(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Post the held adds of ``loop`` (None: of every loop)."""
+        with self._adds_lock:
+            if loop is None:
+                batches = list(self._adds.values())
+                self._adds.clear()
+            else:
+                batches = [self._adds.pop(loop, [])]
+        for batch in batches:
+            if batch:
+                self._post("add", batch)
+
     # ----------------------------------------------------------------- read-only views
     def slots(self) -> list[dict[str, object]]:
         return list(self._slots)
+
+    def queue_position(self, request_id: str) -> int | None:
+        """1-based place of a request in the wait queue as of the last step; None once it has left
+        the queue (or was never in it). Safe from any thread: the dict is replaced, not mutated."""
+        return self._queued.get(request_id)
 
     def props(self) -> dict[str, object]:
         s = self.config.scheduler
@@ -145,6 +188,9 @@ class AsyncEngine:
             },
             # true only when exact mode runs: asked for, and a row-invariant runner doing it
             "exact": self.ready and self.config.model.exact and self.engine.runner.row_invariant,
+            # the CPU paths the built-in runner chose (docs/cpu-kernels.md); null on CUDA or
+            # for a custom runner
+            "cpu": self._cpu_paths(),
             "preempt": {
                 "enabled": s.preempt,
                 "ram_mib": s.preempt_ram_mib,
@@ -156,6 +202,11 @@ class AsyncEngine:
                 "granularity": self.config.pool.page_size,
             },
         }
+
+    def _cpu_paths(self) -> dict[str, object] | None:
+        paths = getattr(self.engine.runner, "cpu_paths", None) if self.ready else None
+        describe = getattr(paths, "describe", None)
+        return describe() if callable(describe) else None
 
     def stats(self) -> EngineStats:
         if self._engine is None:
@@ -185,6 +236,7 @@ class AsyncEngine:
                 except Exception:
                     log.exception("engine step failed; failing the requests in flight")
                     events = self._fail_all()
+                self._announce_queue(events)
                 self._dispatch(events)
                 self._slots = describe_slots(self._engine)
             else:
@@ -201,13 +253,26 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if kind == "add":
-                request_id, prompt_ids, params = payload
-                try:
-                    self._engine.add_request(request_id, prompt_ids, params)
-                except RequestRejected as e:
-                    self._dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
+                for request_id, prompt_ids, params in payload:
+                    try:
+                        self._engine.add_request(request_id, prompt_ids, params)
+                    except RequestRejected as e:  # the queue is full: refused before any event
+                        self._dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
             elif kind == "abort":
                 self._engine.abort(payload)
+
+    def _announce_queue(self, events: dict[str, list[StreamEvent]]) -> None:
+        """Publish the wait queue's places; tell each request the step left waiting, once.
+
+        Only after a step: a request that the step admitted never hears it was queued.
+        """
+        assert self._engine is not None
+        places = {req.request_id: i for i, req in enumerate(self._engine.scheduler.waiting, 1)}
+        for request_id, place in places.items():
+            if request_id not in self._announced:
+                events.setdefault(request_id, []).insert(0, QueuedEvent(place))
+        self._announced = set(places)  # a request never re-enters the queue once it has left
+        self._queued = places
 
     def _fail_all(self) -> dict[str, list[StreamEvent]]:
         assert self._engine is not None

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -25,9 +26,16 @@ class StepTensors:
     positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
     logit_rows: torch.Tensor  # [S] int64: the rows whose logits are drawn from
+    # rows of prompt chunks (items of >= prompt_min_rows rows) and the step's other rows, when
+    # the step has such chunks (None otherwise; ``other_rows`` None: every row is a chunk's)
+    prompt_rows: torch.Tensor | None = None
+    other_rows: torch.Tensor | None = None
 
 
-def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> StepTensors:
+def build_step_tensors(
+    plan: StepPlan, page_size: int, device: torch.device, prompt_min_rows: int | None = None
+) -> StepTensors:
+    """``prompt_min_rows``: items of at least that many rows are prompt chunks (cpu_paths.py)."""
     tokens: list[int] = []
     positions: list[int] = []
     query_start = [0]
@@ -55,9 +63,27 @@ def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> 
         cell_index=cell_index.to(device),
         max_query_len=max(query_start[i + 1] - query_start[i] for i in range(len(plan.items))),
     )
+    prompt_rows, other_rows = _split_rows(query_start, prompt_min_rows, device)
     return StepTensors(
         token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         meta=meta,
         logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        prompt_rows=prompt_rows,
+        other_rows=other_rows,
     )
+
+
+def _split_rows(
+    query_start: list[int], min_rows: int | None, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if min_rows is None:
+        return None, None
+    chunk: list[int] = []
+    other: list[int] = []
+    for lo, hi in itertools.pairwise(query_start):
+        (chunk if hi - lo >= min_rows else other).extend(range(lo, hi))
+    if not chunk:
+        return None, None
+    as_tensor = torch.tensor(chunk, dtype=torch.int64, device=device)
+    return as_tensor, torch.tensor(other, dtype=torch.int64, device=device) if other else None

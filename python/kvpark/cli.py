@@ -3,12 +3,14 @@
 Every flag of ``serve`` (and the engine flags of ``generate``) can also come from ``KVPARK_<NAME>``
 (``--kv-cells`` -> ``KVPARK_KV_CELLS``); the command line wins. A bad flag or variable exits with
 status 2 and says what is wrong, before anything is loaded. The flags themselves are in
-``flags.py``.
+``flags.py``. ``kvpark serve MODEL`` is ``kvpark serve --model MODEL``; ``kvpark --version`` prints
+the installed version.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -17,7 +19,9 @@ from pathlib import Path
 
 from kvpark.config import EngineConfig
 from kvpark.flags import (
+    HelpFormatter,
     add_engine_flags,
+    add_model_positional,
     add_server_flags,
     apply_env,
     engine_config,
@@ -26,41 +30,59 @@ from kvpark.flags import (
 )
 
 
+def package_version() -> str:
+    """The installed distribution's version; the package's own when it runs from a source tree."""
+    try:
+        return importlib.metadata.version("kvpark")
+    except importlib.metadata.PackageNotFoundError:
+        import kvpark
+
+        return getattr(kvpark, "__version__", "unknown")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpark",
         description="kvpark: an LLM server that parks requests instead of dropping them.",
     )
+    parser.add_argument("--version", action="version", version=f"kvpark {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="{serve,generate,bench}")
     sub.required = True
     serve = sub.add_parser(
         "serve",
         help="the OpenAI-compatible HTTP server",
         description="Serve a model over HTTP; every flag also as KVPARK_<NAME>.",
-        epilog="Each flag --some-flag can also be set as KVPARK_SOME_FLAG (switches: 1/0); "
+        epilog="Each flag --some-flag can also be set as KVPARK_SOME_FLAG (switches: 1/0);\n"
         "the command line wins. Endpoints, metrics and errors: docs/server.md.",
+        formatter_class=HelpFormatter,
     )
+    add_model_positional(serve)
     add_engine_flags(serve)
     add_server_flags(serve)
     gen = sub.add_parser(
         "generate",
         help="offline generation from the command line",
         description="Generate for prompts given as arguments or in a file.",
+        formatter_class=HelpFormatter,
     )
     gen.add_argument("prompts", nargs="*", help="prompts (or use --file)")
     gen.add_argument(
         "--file", help="one prompt per line ('-': stdin); .jsonl: objects with 'prompt'"
     )
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
-    gen.add_argument("--max-tokens", type=int_at_least(1), default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument(
+        "--max-tokens", type=int_at_least(1), default=64, help="tokens to generate per choice"
+    )
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1: off)")
+    gen.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest (0: off)")
+    gen.add_argument(
+        "--min-p", type=float, default=0.0, help="drop tokens under min-p x the likeliest"
+    )
     gen.add_argument("--request-seed", type=int, default=None, help="seed of every request")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--n", type=int_at_least(1), default=1, help="choices per prompt")
-    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--ignore-eos", action="store_true", help="generate past end-of-sequence")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     add_engine_flags(gen)
     sub.add_parser("bench", help="the load generator (kvpark bench --help)", add_help=False)

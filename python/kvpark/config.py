@@ -18,12 +18,15 @@ DEFAULT_MAX_BATCH_TOKENS = 512
 @dataclass(frozen=True)
 class ModelConfig:
     model: str | None = None  # GGUF file or Hugging Face directory; None: the default model
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CPU/CUDA)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, f32 on CPU)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # CPU threads for torch and block matmuls; 0: all cores (≤ 2 in exact mode)
     # blocks: GGUF Q4_0/Q4_1/Q8_0 matrices kept in their blocks and multiplied by block_linear
     # (CPU, float32); dense: every weight dequantised; auto: blocks on CPU in float32
     weights: str = "auto"
+    # prompt chunks on the CPU: auto (a dense GEMM where it wins, cpu_paths.py) | same (as decode
+    # rows) | float32 | bfloat16 (a dense GEMM in that dtype); exact mode: always as decode rows
+    prompt_path: str = "auto"
     exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
     # "module:factory" of a custom runner, called with the EngineConfig (docs/custom-runners.md);
@@ -93,5 +96,7 @@ class ServerConfig:
     api_key: str | None = None
     sse_ping_interval: float = 30.0
     log_format: str = "text"  # text | json
+    log_health: bool = False  # access-log /health and /metrics too (they poll; noise by default)
+    log_stats_interval: float = 10.0  # seconds between stats lines while requests run; 0: off
     max_body_bytes: int = 8 * 1024 * 1024
     served_model_name: str | None = None

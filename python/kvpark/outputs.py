@@ -2,6 +2,9 @@
 
 These are plain data; the server turns them into OpenAI chunks and SSE comments. A request with
 ``n`` choices emits events whose ``index`` is the choice (0..n-1).
+
+``QueuedEvent`` comes only from ``AsyncEngine`` (the offline ``LLM`` never waits on a client), and
+only as a request's first event; anyone who does not care about waiting may ignore it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,17 @@ class NoticeEvent:
 
 
 @dataclass(frozen=True)
+class QueuedEvent:
+    """The request waits in the engine's queue for a slot or for room (issue 10).
+
+    ``position`` is its 1-based place in the wait queue when it was first found waiting; the
+    current place is ``AsyncEngine.queue_position(request_id)`` until it leaves the queue.
+    """
+
+    position: int
+
+
+@dataclass(frozen=True)
 class FinishedEvent:
     """Last event of a request: billing and timing for all of its choices."""
 
@@ -57,4 +71,4 @@ class ErrorEvent:
     kind: str = "server_error"
 
 
-StreamEvent = TokenEvent | NoticeEvent | FinishedEvent | ErrorEvent
+StreamEvent = TokenEvent | NoticeEvent | QueuedEvent | FinishedEvent | ErrorEvent

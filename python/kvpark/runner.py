@@ -12,8 +12,11 @@ import time
 
 import torch
 
+from kvpark import _core
 from kvpark.batch import build_step_tensors
 from kvpark.config import ModelConfig, PoolConfig
+from kvpark.cpu_paths import CpuPaths
+from kvpark.cpu_paths import choose as choose_cpu_paths
 from kvpark.cuda_graphs import DecodeGraphs, graphs_wanted
 from kvpark.model.loader import LoadedModel, load_model
 from kvpark.model.tokenizer import Tokenizer
@@ -30,35 +33,31 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``--dtype``; ``auto`` is bfloat16 on CUDA and float32 on the CPU (cpu_paths.py says why)."""
     if name == "auto":
-        # bf16 halves the bytes every decode step reads; CPUs without native bf16 are faster in fp32
-        if device.type == "cuda" or _cpu_has_bf16():
-            return torch.bfloat16
-        return torch.float32
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if name not in table:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
-    return table[name]
-
-
-def _cpu_has_bf16() -> bool:
-    probe = getattr(torch.backends.cpu, "get_cpu_capability", None)
-    return probe is not None and "AVX512" in str(probe())
+    return DTYPES[name]
 
 
 def resolve_weights(name: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether to keep a GGUF's block-quantised matrices as blocks (``--weights``)."""
+    """Whether to keep a GGUF's block-quantised matrices as blocks (``--weights``); on the CPU
+    ``auto`` follows cpu_paths.choose (blocks, except where the CPU lacks AVX2)."""
     fits = device.type == "cpu" and dtype == torch.float32
     if name == "auto":
-        return fits  # a decode step reads ~7x fewer weight bytes (docs/benchmarks.md)
+        return fits and cpu_features()["isa"] != "plain"
     if name == "blocks" and not fits:
         raise ValueError(
             f"--weights blocks runs on the CPU in float32, not {str(dtype).removeprefix('torch.')}"
@@ -67,6 +66,22 @@ def resolve_weights(name: str, device: torch.device, dtype: torch.dtype) -> bool
     if name not in ("blocks", "dense"):
         raise ValueError(f"unknown weights {name!r}; use auto, dense or blocks")
     return name == "blocks"
+
+
+def cpu_features() -> dict[str, bool | str]:
+    """The CPU flags the Rust kernels run under (the CPU's, capped by ``KVPARK_CPU_ISA``)."""
+    return _core._cpu_features()[1]
+
+
+def resolve_cpu_paths(config: ModelConfig) -> CpuPaths:
+    dtype = str(resolve_dtype(config.dtype, torch.device("cpu"))).removeprefix("torch.")
+    return choose_cpu_paths(
+        cpu_features(),
+        dtype=dtype,
+        weights=config.weights,
+        prompt_path=config.prompt_path,
+        exact=config.exact,
+    )
 
 
 EXACT_CPU_THREADS = 2
@@ -105,11 +120,21 @@ class TorchRunner:
     def __init__(self, model_config: ModelConfig, pool_config: PoolConfig) -> None:
         self.device = resolve_device(model_config.device)
         self.ops = select_ops(model_config.exact, self.device)
-        self.dtype = resolve_dtype(model_config.dtype, self.device)
-        blocks = resolve_weights(model_config.weights, self.device, self.dtype)
+        self.cpu_paths: CpuPaths | None = None
+        if self.device.type == "cpu":
+            self.cpu_paths = resolve_cpu_paths(model_config)
+            self.dtype = DTYPES[self.cpu_paths.dtype]
+            blocks = self.cpu_paths.blocks
+            log.info("%s", self.cpu_paths.summary())
+        else:
+            if model_config.prompt_path not in ("auto", "same"):
+                raise ValueError(f"--prompt-path {model_config.prompt_path} is for the CPU")
+            self.dtype = resolve_dtype(model_config.dtype, self.device)
+            blocks = resolve_weights(model_config.weights, self.device, self.dtype)
         threads = model_config.threads
         if model_config.exact and self.device.type == "cpu":
             threads = exact_cpu_threads(threads)
+        self.threads = threads or os.cpu_count() or 1
         if blocks:
             # the block matmuls take the threads; torch's ops (attention, norms) run on the
             # calling thread: an OpenMP team of its own would fight the matmul helpers, which
@@ -130,6 +155,10 @@ class TorchRunner:
             self.device,
             "block" if blocks else "dense",
         )
+        self.prompt_min_rows: int | None = None
+        if self.cpu_paths is not None and self.cpu_paths.prompt_dtype is not None:
+            self.prompt_min_rows = self.cpu_paths.prompt_min_rows
+            self.loaded.model.add_dense_copies(DTYPES[self.cpu_paths.prompt_dtype])
         self.page_size = pool_config.page_size
         use_graphs = graphs_wanted(model_config.cuda_graphs, self.device, self.ops)
         self.kv = KVCache.allocate(
@@ -178,10 +207,22 @@ class TorchRunner:
             self.kv.copy_pages(plan.page_copies)
         if self.graphs is not None and (graphed := self.graphs.run(plan)) is not None:
             return graphed
-        step = build_step_tensors(plan, self.page_size, self.device)
-        logits: torch.Tensor = self.loaded.model(
-            step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, self.ops
-        )
+        step = build_step_tensors(plan, self.page_size, self.device, self.prompt_min_rows)
+        if step.prompt_rows is None:
+            logits: torch.Tensor = self.loaded.model(
+                step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, self.ops
+            )
+            return logits
+        # prompt chunks: a dense GEMM on torch's threads for this step (between steps torch
+        # keeps one thread, so that it never fights the block kernels' helpers)
+        ops = self.ops.with_prompt_rows(step.prompt_rows, step.other_rows)
+        torch.set_num_threads(self.threads)
+        try:
+            logits = self.loaded.model(
+                step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, ops
+            )
+        finally:
+            torch.set_num_threads(1)
         return logits
 
     # ----------------------------------------------------------------- parking (CellCopier)

@@ -206,6 +206,15 @@ class LlamaModel(nn.Module):
                 target.copy_(weight.dequantize())
         self._blocks.clear()
 
+    def add_dense_copies(self, dtype: torch.dtype) -> None:
+        """Give every layer's block matrix a dense copy in ``dtype``, for prompt chunks
+        (``--prompt-path``); the head stays blocks alone (it sees only the sampled rows)."""
+        for layer in self.layers:
+            for attr in _MATRICES:
+                weight = getattr(layer, attr)
+                if isinstance(weight, BlockWeight):
+                    object.__setattr__(layer, attr, weight.with_dense(dtype))
+
     def expected_weights(self) -> set[str]:
         names = {"model.embed_tokens.weight", "model.norm.weight"}
         if not self.arch.tie_embeddings:

@@ -14,7 +14,7 @@ is row-invariant in both modes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +25,7 @@ from kvpark.ops import (
     kv_cache,
     linear,
     norm,
+    prompt_linear,
     rope,
     tiled_linear,
 )
@@ -69,6 +70,14 @@ class OpSet:
     prepare_attention: Callable[[AttentionMetadata, ModelArch, torch.dtype], Any]
     # q [T, heads, D], k_cache, v_cache, plan -> [T, heads, D]
     attention: Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+
+    def with_prompt_rows(self, dense_rows: Tensor, block_rows: Tensor | None) -> OpSet:
+        """This set for one step whose prompt-chunk rows ``dense_rows`` multiply block weights'
+        dense copies (``--prompt-path``); ``block_rows``: the step's other rows, or None."""
+        if self.row_invariant:
+            raise ValueError("exact mode keeps prompt and decode rows on one arithmetic")
+        split = prompt_linear.split_linear(dense_rows, block_rows)
+        return replace(self, name=f"{self.name}+dense prompts", linear=split)
 
     @staticmethod
     def default() -> OpSet:

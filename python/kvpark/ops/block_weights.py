@@ -11,7 +11,7 @@ exact mode uses it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,12 +33,15 @@ class BlockWeight:
     nibble of byte i, weight i + 16 in the high one); weight = scale * nibble + offset.
     ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q; ``offset`` is None.
     ``scale`` and ``offset``: [out, in / 32] float32.
+    ``dense``: the same matrix dequantised (bfloat16 or float32) for the prompt path's GEMM
+    (``--prompt-path``, cpu_paths.py), or None.
     """
 
     kind: str
     qs: Tensor
     scale: Tensor
     offset: Tensor | None
+    dense: Tensor | None = None
 
     def __post_init__(self) -> None:
         _check(self)  # once here: block_linear hands the raw addresses to Rust on every call
@@ -78,6 +81,10 @@ class BlockWeight:
         q = nibbles(self.qs.view(-1, BLOCK // 2))
         assert self.offset is not None
         return (scale * q + self.offset.reshape(-1, 1)).view(out, inp)
+
+    def with_dense(self, dtype: torch.dtype) -> BlockWeight:
+        """This matrix with a dense copy in ``dtype`` for prompt chunks."""
+        return replace(self, dense=self.dequantize().to(dtype).contiguous())
 
     def rows(self, index: Tensor) -> BlockWeight:
         """The matrix with its rows reordered (or selected) by ``index``."""
@@ -148,6 +155,8 @@ def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tenso
 
 def _check(w: BlockWeight) -> None:
     """The Rust side reads raw memory: every tensor must be what the sizes say, on the CPU."""
+    if w.dense is not None and tuple(w.dense.shape) != w.shape:
+        raise ValueError(f"dense copy {tuple(w.dense.shape)} of a {w.shape} block weight")
     if w.scale.dim() != 2:
         raise ValueError(f"block scales must be [out, in / {BLOCK}], not {tuple(w.scale.shape)}")
     out, inp = w.shape

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from kvpark.async_engine import AsyncEngine
 
 Handler = Callable[[Request], Awaitable[Response]]
+# what clients that do not know the model's name send (the README's example among them)
+DEFAULT_MODEL_ALIAS = "default"
 
 
 class Routes:
@@ -68,11 +70,16 @@ class Routes:
     def model_name(self) -> str:
         return self.config.served_model_name or self.engine.model_name
 
+    def model_aliases(self) -> frozenset[str]:
+        """Every name a request may give for the one served model (SPEC §6b)."""
+        return frozenset({self.model_name, self.engine.model_name, DEFAULT_MODEL_ALIAS})
+
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_name, self.engine.model_name):
+        if model is not None and model not in self.model_aliases():
             raise APIError(
                 404,
-                f"model {model!r} not found; this server serves {self.model_name!r}",
+                f"model {model!r} not found; this server's model answers to "
+                + ", ".join(repr(name) for name in sorted(self.model_aliases())),
                 "not_found_error",
                 "model",
             )
@@ -96,6 +103,8 @@ class Routes:
         parse = parse_chat if kind == "chat" else parse_completion
         # Templates and tokenizing a long prompt take a while: off the event loop.
         req = await run_in_threadpool(parse, body, engine.tokenizer, engine.max_model_len)
+        # Validation only: whether the wait queue has room is decided on the engine thread as the
+        # prompts are added (a full queue's 503 is then their first event, still a plain answer).
         for prompt, params in zip(req.prompts, req.params, strict=True):
             try:
                 engine.check_request(prompt, params)
@@ -125,9 +134,16 @@ class Routes:
     async def _stream(
         self, fan_in: FanIn, builder: ResponseBuilder, req: GenerationRequest
     ) -> AsyncGenerator[bytes, None]:
+        def position(prompt: int) -> int | None:  # a queued prompt's current place
+            return self.engine.queue_position(fan_in.engine_request_id(prompt))
+
         async with fan_in as events:
             frames = sse_frames(
-                events, builder, self.config.sse_ping_interval, len(req.prompts) > 1
+                events,
+                builder,
+                self.config.sse_ping_interval,
+                len(req.prompts) > 1,
+                position=position,
             )
             try:
                 async for frame in frames:
@@ -199,7 +215,10 @@ class Routes:
 
 
 async def _collect(fan_in: FanIn, builder: ResponseBuilder) -> dict[str, object]:
-    """A non-streamed response: every event of every prompt, then the whole object."""
+    """A non-streamed response: every event of every prompt, then the whole object.
+
+    Waiting is not reported here (``QueuedEvent`` and park notices are ignored): the client gets
+    one answer at the end whatever happened before it."""
     async with fan_in as events:
         while (item := await events.next(None)) != "end":
             assert not isinstance(item, str)

@@ -2,6 +2,10 @@
 
 The socket is bound at once; ``/health`` answers 503 until the engine is ready. If loading fails,
 the error is logged and the process exits with status 1 instead of serving 500s forever.
+
+Every request is access-logged except ``/health`` polls and ``/metrics`` scrapes (a load balancer or
+Prometheus would otherwise fill the log; ``--log-health`` keeps them), and while requests run a
+stats line comes every ``--log-stats-interval`` seconds (``stats_log.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import uvicorn
 from kvpark import env
 from kvpark.config import EngineConfig, ServerConfig
 from kvpark.server.app import build_app
+from kvpark.server.stats_log import log_stats_every
 
 if TYPE_CHECKING:
     from kvpark.async_engine import AsyncEngine
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvpark.server")
 LOAD_POLL_S = 0.1
 GRACEFUL_SHUTDOWN_S = 5
+POLLED_PATHS = frozenset({"/health", "/metrics"})  # not access-logged unless --log-health
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,8 +47,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(log_format: str, level: str | None = None) -> None:
-    """Route kvpark's and uvicorn's logs to stderr in the chosen format."""
+class PollFilter(logging.Filter):
+    """Drop uvicorn's access lines for the polled paths; every other request is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's access record: args = (client, method, path with query, http version, status)
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3:
+            path = str(args[2]).partition("?")[0]
+            return path not in POLLED_PATHS
+        return True
+
+
+def configure_logging(log_format: str, level: str | None = None, log_health: bool = False) -> None:
+    """Route kvpark's and uvicorn's logs to stderr in the chosen format; ``log_health``: access-log
+    the polled paths too."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
@@ -54,13 +73,18 @@ def configure_logging(log_format: str, level: str | None = None) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    access = logging.getLogger("uvicorn.access")
+    for old in [f for f in access.filters if isinstance(f, PollFilter)]:
+        access.removeFilter(old)  # configuring twice must not stack filters
+    if not log_health:
+        access.addFilter(PollFilter())
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Run the server until it is stopped; the process exit status."""
     from kvpark.async_engine import AsyncEngine  # torch and the model code: only when serving
 
-    configure_logging(server_config.log_format)
+    configure_logging(server_config.log_format, log_health=server_config.log_health)
     engine = AsyncEngine(engine_config)
     app = build_app(engine, server_config)
     config = uvicorn.Config(
@@ -76,11 +100,14 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
 
 async def _serve(server: uvicorn.Server, engine: AsyncEngine, config: ServerConfig) -> int:
-    watcher = asyncio.create_task(_watch_loading(server, engine, config))
+    tasks = [asyncio.create_task(_watch_loading(server, engine, config))]
+    if config.log_stats_interval > 0:
+        tasks.append(asyncio.create_task(log_stats_every(engine, config.log_stats_interval)))
     try:
         await server.serve()
     finally:
-        watcher.cancel()
+        for task in tasks:
+            task.cancel()
     return 1 if engine.load_error is not None else 0
 
 

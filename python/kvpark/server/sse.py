@@ -2,19 +2,26 @@
 
 A stream is, in order::
 
-    [: preempted]  [: resumed]  data: {chunk}  ...  :  ...  data: {last chunk}  data: [DONE]
+    [: queued N ...]  [: preempted]  [: resumed]  data: {chunk}  ...  :  ...  data: {last chunk}
+    data: [DONE]
 
 Notices (``: preempted``, ``: resumed``, ``: recomputed``) are SSE comments, invisible to clients
-that ignore comments; in a request of several prompts each names its prompt (``: preempted 1``).
-Pings are comments too: ``:`` after ``ping_interval`` s without a frame, or ``: preempt-keepalive``
-every ``min(ping_interval, 2 s)`` while any prompt of the request is parked. ``ping_interval <= 0``
-turns the plain ping off but keeps the keepalive (every 2 s). No ping opens a stream: before its
-first frame a request is only waiting, and its first bytes must be a token, a park notice (a
-request parked before its first token opens its stream with the notice, SPEC §3.4) or its error.
+that ignore comments; in a request of several prompts each names its prompt as its last word
+(``: preempted 1``). Pings are comments too: ``:`` after ``ping_interval`` s without a frame, or
+``: preempt-keepalive`` every ``min(ping_interval, 2 s)`` while any prompt of the request is
+parked. ``ping_interval <= 0`` turns the plain ping off but keeps the keepalive (every 2 s).
 
-Status and headers go out with the first frame, so a request the engine fails before producing
-anything still gets a plain JSON error with its own status; once a frame is out, an error travels
-in-stream as ``data: {"error": ...}`` followed by ``data: [DONE]``.
+A request that waits in the engine's queue (for a slot or for room) opens its stream with
+``: queued N`` (N: its 1-based place in the wait queue) as soon as the engine finds it waiting, and
+repeats it with its current place every ``ping_interval`` (every 2 s when pings are off) until its
+first token or park notice, so no client waits in silence. In a request of several prompts each
+names its prompt last, as notices do: ``: queued 3 1`` is prompt 1 at place 3. No plain ping opens
+a stream: a request that is not queued sends its first bytes with its first token, park notice (a
+request parked before its first token opens its stream with the notice, SPEC §3.4) or error.
+
+Status and headers go out with the first frame, so a request the engine refuses or fails before
+anything is sent (a full wait queue: 503) still gets a plain JSON error with its own status; once a
+frame is out, an error travels in-stream as ``data: {"error": ...}`` followed by ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from kvpark.outputs import ErrorEvent, FinishedEvent, NoticeEvent, TokenEvent
+from kvpark.outputs import ErrorEvent, FinishedEvent, NoticeEvent, QueuedEvent, TokenEvent
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import End, PromptEvent, Timeout
@@ -50,6 +57,10 @@ class EventSource(Protocol):
     async def next(self, timeout: float | None) -> PromptEvent | Timeout | End: ...
 
 
+QueuePosition = Callable[[int], "int | None"]
+"""A prompt's current place in the engine's wait queue, or None once it has left the queue."""
+
+
 def data_frame(obj: Mapping[str, object]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
@@ -58,8 +69,13 @@ def notice_frame(kind: str, prompt: int | None) -> bytes:
     return f": {kind}\n\n".encode() if prompt is None else f": {kind} {prompt}\n\n".encode()
 
 
+def queued_frame(position: int, prompt: int | None) -> bytes:
+    return notice_frame(f"queued {position}", prompt)
+
+
 class Pacer:
-    """When the next ping is due and what it says; ``parked`` holds the prompts now parked."""
+    """When the next ping is due and what it says; ``parked`` holds the prompts now parked and
+    ``queued`` the places of the prompts still waiting in the engine's queue."""
 
     def __init__(
         self,
@@ -69,8 +85,11 @@ class Pacer:
     ) -> None:
         self.ping_interval = ping_interval
         self.keepalive = min(ping_interval, keepalive_cap) if ping_interval > 0 else keepalive_cap
+        # a queued client hears about its place even with pings off: waiting is never silent
+        self.queue_period = ping_interval if ping_interval > 0 else keepalive_cap
         self.clock = clock
         self.parked: set[int] = set()
+        self.queued: dict[int, int] = {}
         self.last_frame = clock()
 
     def wrote(self) -> None:
@@ -82,15 +101,41 @@ class Pacer:
         elif kind == "resumed":
             self.parked.discard(prompt)
 
+    def event(self, prompt: int) -> None:
+        """Any event but ``QueuedEvent``: the prompt has left the queue (a token, a notice, the
+        end), so its ``: queued`` comments stop."""
+        self.queued.pop(prompt, None)
+
     def timeout(self) -> float | None:
         """Seconds until the next ping is due, or None if no ping is ever due."""
-        period = self.keepalive if self.parked else self.ping_interval
+        periods = [self.keepalive] if self.parked else []
+        if self.queued:
+            periods.append(self.queue_period)
+        period = min(periods) if periods else self.ping_interval
         if period <= 0:
             return None
         return max(0.0, self.last_frame + period - self.clock())
 
     def ping(self) -> bytes:
         return KEEPALIVE if self.parked else PING
+
+    def pings(self, position: QueuePosition | None, multi_prompt: bool) -> list[bytes]:
+        """What a due ping says: each queued prompt's current place, and the park keepalive or the
+        plain ping. A prompt that ``position`` finds out of the queue is no longer reported."""
+        if position is not None:
+            for prompt in list(self.queued):
+                place = position(prompt)
+                if place is None:
+                    del self.queued[prompt]  # admitted: its first token is on its way
+                else:
+                    self.queued[prompt] = place
+        frames = [
+            queued_frame(place, prompt if multi_prompt else None)
+            for prompt, place in sorted(self.queued.items())
+        ]
+        if self.parked or not frames:
+            frames.append(self.ping())
+        return frames
 
 
 async def sse_frames(
@@ -99,8 +144,13 @@ async def sse_frames(
     ping_interval: float,
     multi_prompt: bool,
     keepalive_cap: float = KEEPALIVE_CAP_S,
+    position: QueuePosition | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Frames of one stream; raises :class:`APIError` if it fails before its first frame."""
+    """Frames of one stream; raises :class:`APIError` if it fails before its first frame.
+
+    ``position`` reads a queued prompt's current place for the repeated ``: queued`` comments;
+    without it they repeat the place the engine first reported.
+    """
     pacer = Pacer(ping_interval, keepalive_cap)
     started = False
     while True:
@@ -108,8 +158,13 @@ async def sse_frames(
         frames: list[bytes] = []
         if item == "end":
             break
+        if item != "timeout" and not isinstance(item.event, QueuedEvent):
+            pacer.event(item.prompt)  # a token, notice or end: that prompt has left the queue
         if item == "timeout":
-            frames.append(pacer.ping())
+            frames.extend(pacer.pings(position, multi_prompt))
+        elif isinstance(item.event, QueuedEvent):
+            pacer.queued[item.prompt] = item.event.position
+            frames.append(queued_frame(item.event.position, item.prompt if multi_prompt else None))
         elif isinstance(item.event, TokenEvent):
             frames.extend(data_frame(c) for c in builder.on_tokens(item.prompt, item.event))
         elif isinstance(item.event, NoticeEvent):

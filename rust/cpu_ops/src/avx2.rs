@@ -10,16 +10,9 @@ use crate::{Weights, ROW_TILE};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Whether this CPU can run [`column`].
+/// Whether this CPU can run [`column`], and `KVPARK_CPU_ISA` lets it ([`crate::isa`]).
 pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::isa::avx2()
 }
 
 #[cfg(not(target_arch = "x86_64"))]

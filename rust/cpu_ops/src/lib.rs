@@ -24,6 +24,7 @@
 
 mod attention;
 mod avx2;
+pub mod isa;
 mod norm;
 mod plain;
 mod threads;
