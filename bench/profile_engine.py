@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import kvpark.ops
+import kvpark.model.ops
 from kvpark import LLM, SamplingParams
 from kvpark.bench.workload import WorkloadConfig, build_requests
-from kvpark.ops import cpu_attention
-from kvpark.outputs import TokenEvent
+from kvpark.engine.outputs import TokenEvent
+from kvpark.model.ops import cpu_attention
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int",
           "kvpark::block_linear")  # fmt: skip
@@ -103,8 +103,8 @@ def labelled(name: str, fn: Any) -> Any:
 def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
     """Milliseconds per step by op category, plus what no op accounts for."""
     # the ops modules look these names up at each call, so patching them labels every call
-    block_linear, decode = kvpark.ops.block_linear, cpu_attention.decode
-    kvpark.ops.block_linear = labelled("kvpark::block_linear", block_linear)
+    block_linear, decode = kvpark.model.ops.block_linear, cpu_attention.decode
+    kvpark.model.ops.block_linear = labelled("kvpark::block_linear", block_linear)
     cpu_attention.decode = labelled("kvpark::decode_attention", decode)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -113,7 +113,7 @@ def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
                 llm.engine.step()
             wall = time.perf_counter() - t
     finally:
-        kvpark.ops.block_linear, cpu_attention.decode = block_linear, decode
+        kvpark.model.ops.block_linear, cpu_attention.decode = block_linear, decode
     by_cat: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         by_cat[category(event.key)] += event.self_cpu_time_total / 1e3  # µs -> ms

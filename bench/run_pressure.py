@@ -38,14 +38,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kvpark.bench import BenchOptions, RunResult, Target, run
 from kvpark.bench.compare import payload
-from kvpark.bench.pressure import (
-    BASELINE,
-    MODES,
+from kvpark.bench.pressure import BASELINE, MODES, admitted_together, format_pressure_table
+from kvpark.bench.pressure_goals import (
     aba_summary,
-    admitted_together,
     evaluate_goals,
     format_goals,
-    format_pressure_table,
     write_pressure_plot,
 )
 from kvpark.bench.report import format_table, write_json

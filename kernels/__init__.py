@@ -5,6 +5,6 @@ a launcher that checks, allocates and launches, a torch reference, and a ``__mai
 On CPU they run under ``TRITON_INTERPRET=1`` (set before import) for the tests.
 
 ``store_kv`` (K/V rows to their cells), ``paged_attention`` (prompt and decode rows over each
-sequence's cells), ``rms_norm`` and ``matmul`` (batch invariant); ``kvpark.ops.triton_ops`` wires
-them into an ``OpSet``. Numerics and tests: docs/kernels.md.
+sequence's cells), ``rms_norm`` and ``matmul`` (batch invariant); ``kvpark.model.ops.triton_ops``
+wires them into an ``OpSet``. Numerics and tests: docs/kernels.md.
 """

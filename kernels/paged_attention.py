@@ -104,8 +104,8 @@ def step_rows(
     query_start: list[int], context_lens: list[int], device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """row_seq, row_pos [T] int32 for a step whose sequence b owns rows query_start[b]:[b + 1],
-    the LAST rows of its context_lens[b] positions (``kvpark.ops.metadata``). Built on the host,
-    once per step, so no layer syncs with the device."""
+    the LAST rows of its context_lens[b] positions (``kvpark.model.ops.metadata``). Built on the
+    host, once per step, so no layer syncs with the device."""
     seqs: list[int] = []
     positions: list[int] = []
     for b, ctx in enumerate(context_lens):

@@ -8,9 +8,9 @@ grid (rows,): one program normalises one whole row in one block of next_power_of
 ```
 One program per row with the whole row in one block means a row's sum of squares is always the
 same reduction, whatever the number of rows: the result is batch invariant by construction.
-For fp16/bf16 the order is Hugging Face's, as in ``kvpark.ops.norm``: normalise in fp32, round to
-x's dtype, then multiply by the weight (the product of two half values is exact in fp32, so the
-final rounding matches torch's half multiply).
+For fp16/bf16 the order is Hugging Face's, as in ``kvpark.model.ops.norm``: normalise in fp32,
+round to x's dtype, then multiply by the weight (the product of two half values is exact in fp32,
+so the final rounding matches torch's half multiply).
 """
 
 from __future__ import annotations

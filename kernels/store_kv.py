@@ -5,11 +5,11 @@ k, v     [T, kv_heads, head_dim]              rows of this step (views of the fu
 slots    [T] int64                            flat cell of each row: page * page_size + offset
 k_cache  [n_pages, page_size, kv_heads, D]  ==  [n_cells, kv_heads, D]   (v_cache the same)
 ```
-The same contract as ``kvpark.ops.kv_cache.store_kv`` (an ``index_copy_`` along the cells), as one
-launch for K and V together: one program per row copies that row's ``kv_heads * head_dim`` values of
-K and of V. It is a pure copy, so the cache holds bit for bit what the model computed, whatever the
-dtype. The rows arrive as strided views (the model slices K and V out of one fused projection), so
-the kernel takes their row and head strides instead of forcing a copy.
+The same contract as ``kvpark.model.ops.kv_cache.store_kv`` (an ``index_copy_`` along the cells),
+as one launch for K and V together: one program per row copies that row's ``kv_heads * head_dim``
+values of K and of V. It is a pure copy, so the cache holds bit for bit what the model computed,
+whatever the dtype. The rows arrive as strided views (the model slices K and V out of one fused
+projection), so the kernel takes their row and head strides instead of forcing a copy.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvpark.ops.kv_cache import store_kv as torch_store_kv
+from kvpark.model.ops.kv_cache import store_kv as torch_store_kv
 
 
 @triton.jit

@@ -2,11 +2,12 @@
 //!
 //! Each variant carries plain numbers, not a formatted message: the message is built by
 //! `Display` only when someone reads it, so a failed call on the hot path formats nothing.
-//! The Python binding (`py.rs`) maps each variant to one Python exception, in one function.
+//! The Python binding (`py/errors.rs`) maps each variant to one Python exception, in one
+//! function.
 
 use std::fmt;
 
-use crate::SeqId;
+use crate::ids::SeqId;
 
 /// The error of every fallible [`KvPool`](crate::KvPool) and planner call. A call that returns an error has
 /// changed nothing.

@@ -4,9 +4,9 @@
 //! page counts in full, because that is what allocation can hand out.
 
 use crate::error::KvResult;
+use crate::ids::{PageId, SeqId};
 use crate::page_table::pages_for;
 use crate::pool::KvPool;
-use crate::{PageId, SeqId};
 
 impl KvPool {
     /// Cells in pages held by at least one sequence (pages with ref count > 0, × `page_size`).

@@ -45,8 +45,8 @@ pub use budget::{round_up_buffer, BUFFER_ALIGN};
 use std::collections::BTreeSet;
 
 use crate::error::{KvError, KvResult};
+use crate::ids::SeqId;
 use crate::pool::KvPool;
-use crate::SeqId;
 
 use budget::Ram;
 use ledger::Ledger;

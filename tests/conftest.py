@@ -22,6 +22,10 @@ import torch
 
 torch.set_num_threads(1)
 
+# The helpers in tests/support/ assert like the tests do: rewrite their asserts too (before any test
+# module imports them).
+pytest.register_assert_rewrite("support")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` need CUDA: skipped where there is none (``pytest -m gpu`` on a GPU

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from kvpark.cli import main
+from kvpark.cli.main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """kvpark's KV cell pool, page tables, occupancy queries and preemption planner (kvpark-core).
 
-Hand-written to mirror rust/py.rs; `python -m mypy.stubtest kvpark._core` checks the two agree.
+Hand-written to mirror rust/py/; `python -m mypy.stubtest kvpark._core` checks the two agree.
 """
 
 from typing import Literal, final
@@ -320,12 +320,12 @@ def _blockmm_q4(
 ) -> None:
     """y[rows, n] = x[rows, k] @ W.T for 4-bit block weights (qs [n, k/2] u8, scale and offset
     [n, k/32] f32), all C-contiguous CPU memory at the given addresses. Private: see
-    kvpark.ops.block_weights, which checks the tensors behind the addresses.
+    kvpark.model.ops.block_weights, which checks the tensors behind the addresses.
     """
 
 def _blockmm_q8(x: int, rows: int, k: int, qs: int, scale: int, n: int, y: int) -> None:
     """y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32).
-    Private: see kvpark.ops.block_weights.
+    Private: see kvpark.model.ops.block_weights.
     """
 
 def _decode_attention(
@@ -347,12 +347,12 @@ def _decode_attention(
     """Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
     [cells, kv_heads, head_dim] f32 (n_kv_values each), cells [seqs, stride] i64, context and
     rows [seqs] i64, out like q (only the sequences' rows written). Private: see
-    kvpark.ops.cpu_attention, which checks the tensors behind the addresses.
+    kvpark.model.ops.cpu_attention, which checks the tensors behind the addresses.
     """
 
 def _rms_norm(x: int, n_values: int, weight: int, d: int, eps: float, out: int) -> None:
     """RMSNorm of rows = n_values / d: x [rows, d] f32, weight [d] f32, out like x. Private: see
-    kvpark.ops.norm, which checks the tensors behind the addresses.
+    kvpark.model.ops.norm, which checks the tensors behind the addresses.
     """
 
 def _cpu_set_threads(n: int) -> None:

@@ -8,12 +8,12 @@ order, so its position ``q`` lives in cell ``table[q // page_size] * page_size +
 (:func:`cells_of`). A runner stores K/V per cell; the pool only decides which cells are whose.
 
 Documentation: the classes' and methods' docstrings are the Rust ``///`` comments of
-``rust/py.rs``, which PyO3 copies into ``__doc__`` (``help(KvPool.cells_freed_by)`` shows them);
+``rust/py/``, which PyO3 copies into ``__doc__`` (``help(KvPool.cells_freed_by)`` shows them);
 ``kvpark/_core.pyi`` repeats them with the types and is checked against the compiled module by
 ``python -m mypy.stubtest kvpark._core``. How the planner chooses: docs/preemption.md.
 
 Example: two sequences in a 64-cell pool, what removing one of them would free, and what the planner
-parks when the next step does not fit (tests/test_core_api.py runs it)::
+parks when the next step does not fit (tests/core/test_core_api.py runs it)::
 
     >>> from kvpark.core import KvPool, Planner, RequestView
     >>> pool = KvPool(64, page_size=16)  # 4 pages; fresh pages come out 0, 1, 2, ...
@@ -58,8 +58,8 @@ __all__ = [
     "Planner",
     "Policy",
     "PoolFullError",
-    "RequestState",
     "RequestView",
+    "ViewState",
     "cells_of",
     "round_up_buffer",
 ]
@@ -69,8 +69,9 @@ Policy = Literal["fcfs", "cost"]
 first; ``cost`` parks the one whose pages cover the shortfall with the fewest cells."""
 ParkMode = Literal["swap", "recompute"]
 """How a request is parked: its cells copied to host memory, or dropped and its tokens replayed."""
-RequestState = Literal["running", "parked", "parking", "restoring"]
-"""``RequestView.state``."""
+ViewState = Literal["running", "parked", "parking", "restoring"]
+"""``RequestView.state``: where a request in a slot stands, as the planner sees it (the engine's
+own states, ``kvpark.sched.request.RequestState``, add ``waiting`` and ``finished``)."""
 ActionKind = Literal["release_buffer", "park", "resume", "rotate", "fail"]
 """``Action.kind``."""
 PageCopy = tuple[int, int]

@@ -11,9 +11,9 @@
 //! leave, and a page shared with a resident is never freed.
 
 use crate::error::KvResult;
+use crate::ids::SeqId;
 use crate::page_table::pages_for;
 use crate::pool::KvPool;
-use crate::SeqId;
 
 pub(super) struct Ledger<'p> {
     pool: &'p KvPool,

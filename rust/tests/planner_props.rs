@@ -1,11 +1,11 @@
-//! The planner and the pool driven together through workloads by `kvpark_core::sim`, which
+//! The planner and the pool driven together through workloads by `kvpark_sim` (rust/sim), which
 //! checks every invariant each step (see its module documentation): first the original
 //! system's scenarios, then random workloads under both policies, budgets none / 0 / small,
 //! with and without the lookahead.
 
 use kvpark_core::planner::PlannerConfig;
-use kvpark_core::sim::{run, Outcome, Report, SimConfig, SimRequest, Workload};
 use kvpark_core::Policy;
+use kvpark_sim::{run, Outcome, Report, SimConfig, SimRequest, Workload};
 use proptest::prelude::*;
 
 fn config(

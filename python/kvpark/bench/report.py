@@ -190,13 +190,29 @@ def write_json(path: Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def write_plot(path: Path, runs: list[RunResult], title: str = "kvpark bench") -> Path:
-    """A 2×2 PNG: aggregate tok/s, TTFT p50/p95, ITL p50/p95 and parks, each against concurrency."""
-    import matplotlib
+PLOT_SKIPPED = "plot skipped: matplotlib is not installed (pip install 'kvpark[bench]')"
 
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the file-only Agg backend, or None (with a one-line note) when the
+    optional ``kvpark[bench]`` extra is not installed: the JSON is written either way."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(PLOT_SKIPPED)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def write_plot(path: Path, runs: list[RunResult], title: str = "kvpark bench") -> Path | None:
+    """A 2×2 PNG: aggregate tok/s, TTFT p50/p95, ITL p50/p95 and parks, each against concurrency;
+    None when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return None
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), constrained_layout=True)
     (thr, ttft), (itl, parks) = axes
     levels = sorted({lv.concurrency for run in runs for lv in run.levels})

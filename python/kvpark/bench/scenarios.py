@@ -23,14 +23,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvpark.bench.client import RequestBody, Target, run_level
-from kvpark.bench.pressure import (
-    fetch_props,
-    fit_check,
-    metrics_delta,
-    scrape_metrics,
-    summarize_pressure,
-)
+from kvpark.bench.pressure import fit_check, summarize_pressure
 from kvpark.bench.report import RunResult, request_record, summarize_level
+from kvpark.bench.scrape import fetch_props, metrics_delta, scrape_metrics
 from kvpark.bench.workload import WorkloadConfig, build_requests, default_requests_per_level
 
 MAX_REQUESTS_PER_LEVEL = 256

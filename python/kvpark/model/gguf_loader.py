@@ -25,7 +25,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from kvpark.model.arch import SUPPORTED_ARCHS, ModelArch, ModelLoadError, RopeScaling
-from kvpark.ops.block_weights import BLOCK_TYPES, BlockWeight, half_at, nibbles
+from kvpark.model.ops.block_weights import BLOCK_TYPES, BlockWeight, half_at, nibbles
 
 _MAGIC = b"GGUF"
 _SCALARS = {

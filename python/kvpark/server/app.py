@@ -21,9 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvpark.config import ServerConfig
-from kvpark.engine import RequestRejected
-from kvpark.outputs import ErrorEvent, FinishedEvent, TokenEvent
+from kvpark.config.layers import ServerConfig
+from kvpark.engine.llm_engine import RequestRejected
+from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from kvpark.server.auth import APIKeyMiddleware
 from kvpark.server.body import Fields, read_json
 from kvpark.server.disconnect import unless_disconnected
@@ -42,7 +42,7 @@ from kvpark.server.responses import ResponseBuilder
 from kvpark.server.sse import SSEResponse, sse_frames
 
 if TYPE_CHECKING:
-    from kvpark.async_engine import AsyncEngine
+    from kvpark.engine.async_engine import AsyncEngine
 
 Handler = Callable[[Request], Awaitable[Response]]
 # what clients that do not know the model's name send (the README's example among them)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from kvpark.outputs import ErrorEvent, StreamEvent
-from kvpark.sampling import SamplingParams
+from kvpark.engine.outputs import ErrorEvent, StreamEvent
+from kvpark.sampling.params import SamplingParams
 
 log = logging.getLogger("kvpark.server")
 

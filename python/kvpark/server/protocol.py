@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
-from kvpark.sampling import InvalidParameterError, SamplingParams
+from kvpark.sampling.params import InvalidParameterError, SamplingParams
 from kvpark.server.body import Fields
 from kvpark.server.errors import bad_request
 
@@ -24,7 +24,7 @@ Kind = Literal["chat", "completion"]
 
 
 class TokenizerLike(Protocol):
-    """What the server needs of ``kvpark.model.tokenizer.Tokenizer``."""
+    """What the server needs of ``kvpark.tokenizer.tokenizer.Tokenizer``."""
 
     @property
     def vocab_size(self) -> int: ...

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from kvpark.outputs import FinishedEvent, TokenEvent, TokenLogprob
+from kvpark.engine.outputs import FinishedEvent, TokenEvent, TokenLogprob
 from kvpark.server.protocol import Kind, TokenizerLike
 
 JSON = dict[str, object]

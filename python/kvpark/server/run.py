@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from kvpark import env
-from kvpark.config import EngineConfig, ServerConfig
+from kvpark.config import env
+from kvpark.config.layers import EngineConfig, ServerConfig
 from kvpark.server.app import build_app
 from kvpark.server.stats_log import log_stats_every
 
 if TYPE_CHECKING:
-    from kvpark.async_engine import AsyncEngine
+    from kvpark.engine.async_engine import AsyncEngine
 
 log = logging.getLogger("kvpark.server")
 LOAD_POLL_S = 0.1
@@ -82,7 +82,9 @@ def configure_logging(log_format: str, level: str | None = None, log_health: boo
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Run the server until it is stopped; the process exit status."""
-    from kvpark.async_engine import AsyncEngine  # torch and the model code: only when serving
+    from kvpark.engine.async_engine import (
+        AsyncEngine,  # torch and the model code: only when serving
+    )
 
     configure_logging(server_config.log_format, log_health=server_config.log_health)
     engine = AsyncEngine(engine_config)

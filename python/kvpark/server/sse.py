@@ -34,7 +34,7 @@ from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from kvpark.outputs import ErrorEvent, FinishedEvent, NoticeEvent, QueuedEvent, TokenEvent
+from kvpark.engine.outputs import ErrorEvent, FinishedEvent, NoticeEvent, QueuedEvent, TokenEvent
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import End, PromptEvent, Timeout

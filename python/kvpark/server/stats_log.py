@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvpark.stats import EngineStats
+from kvpark.engine.stats import EngineStats
 
-log = logging.getLogger("kvpark.stats")
+log = logging.getLogger("kvpark.engine.stats")
 
 
 class StatsSource(Protocol):

@@ -1,7 +1,7 @@
 //! kvpark-cpu-ops: kvpark's CPU kernels. `y = x @ W.T` with `x` in f32 and `W` kept in the
 //! 32-weight blocks of a GGUF file (Q4_0, Q4_1, Q8_0) instead of being expanded to f32; and
 //! decode attention read in place from the paged KV pool ([`decode_attention`]); and a one-call
-//! [`rms_norm`]. Pure Rust, no Python: `rust/py.rs` of kvpark-core wraps them.
+//! [`rms_norm`]. Pure Rust, no Python: `rust/py/cpu.rs` of kvpark-core wraps them.
 //!
 //! Why: a decode step reads every weight once, so on a CPU its time is the bytes it reads. The
 //! default model's Q4_1 weights are 4.5 bits a weight; expanded to f32 they are 32. This crate

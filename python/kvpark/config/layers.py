@@ -1,0 +1,113 @@
+"""Frozen configuration, one dataclass per layer; each layer receives only its own.
+
+``EngineConfig`` bundles the layers below the server. The command line (``cli/main.py``) fills these
+from flags and ``KVPARK_<NAME>`` environment variables; the Python API takes the same names as
+keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Every spelling --dtype (and ModelConfig.dtype) takes, to its canonical name: the one table of
+# dtype names (the runner maps a canonical name to torch's dtype of the same name)
+DTYPE_NAMES = {
+    "auto": "auto",
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+DEFAULT_KV_CELLS = 16384
+DEFAULT_PAGE_SIZE = 16
+DEFAULT_PARALLEL = 16
+DEFAULT_MAX_BATCH_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = None  # GGUF file or Hugging Face directory; None: the default model
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, f32 on CPU)
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # CPU threads for torch and block matmuls; 0: all cores (≤ 2 in exact mode)
+    # blocks: GGUF Q4_0/Q4_1/Q8_0 matrices kept in their blocks and multiplied by block_linear
+    # (CPU, float32); dense: every weight dequantised; auto: blocks on CPU in float32
+    weights: str = "auto"
+    # prompt chunks on the CPU: auto (a dense GEMM where it wins, cpu_paths.py) | same (as decode
+    # rows) | float32 | bfloat16 (a dense GEMM in that dtype); exact mode: always as decode rows
+    prompt_path: str = "auto"
+    exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
+    cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
+    # "module:factory" of a custom runner, called with the EngineConfig (docs/custom-runners.md);
+    # None: the built-in TorchRunner
+    runner: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    kv_cells: int = DEFAULT_KV_CELLS
+    page_size: int = DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    parallel: int = DEFAULT_PARALLEL  # slots: requests that may hold cells at once
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS  # rows per step, prompt chunks included
+    max_model_len: int = 0  # 0: min(model context, kv_cells)
+    max_waiting: int = 1024  # requests queued beyond the slots before new ones get 503
+    preempt_ram_mib: int = 2048  # -1: no limit; 0: every park recomputes
+    preempt: bool = True
+    preempt_policy: str = "fcfs"  # fcfs | cost
+    preempt_async: bool = True
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0  # base seed for requests that give none
+
+    @classmethod
+    def from_options(cls, **options: object) -> EngineConfig:
+        """Build from flat keyword options (``kv_cells=2048, dtype="float32"``), as ``kvpark.LLM``
+        does.
+        """
+        parts: dict[str, dict[str, object]] = {"model": {}, "pool": {}, "scheduler": {}}
+        layer_fields = {
+            "model": ModelConfig.__dataclass_fields__,
+            "pool": PoolConfig.__dataclass_fields__,
+            "scheduler": SchedulerConfig.__dataclass_fields__,
+        }
+        seed = 0
+        for key, value in options.items():
+            if key == "seed":
+                seed = int(value)  # type: ignore[call-overload]
+                continue
+            for layer, names in layer_fields.items():
+                if key in names:
+                    parts[layer][key] = value
+                    break
+            else:
+                raise TypeError(f"unknown engine option {key!r}")
+        return cls(
+            model=ModelConfig(**parts["model"]),  # type: ignore[arg-type]
+            pool=PoolConfig(**parts["pool"]),  # type: ignore[arg-type]
+            scheduler=SchedulerConfig(**parts["scheduler"]),  # type: ignore[arg-type]
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    sse_ping_interval: float = 30.0
+    log_format: str = "text"  # text | json
+    log_health: bool = False  # access-log /health and /metrics too (they poll; noise by default)
+    log_stats_interval: float = 10.0  # seconds between stats lines while requests run; 0: off
+    max_body_bytes: int = 8 * 1024 * 1024
+    served_model_name: str | None = None

@@ -1,0 +1,292 @@
+"""The engine on its own thread, for asyncio callers (the server, embedding applications).
+
+::
+
+    asyncio side (any loop)                 engine thread (single owner of the pool)
+    generate() ── inbox: add/abort ───────► drain inbox → step() → events
+        ▲                                        │
+        └──── per-request asyncio.Queue ◄────────┘ loop.call_soon_threadsafe(put, events)
+
+Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees
+its cells at the start of the engine's next step.
+
+Admission happens on the engine thread: ``LLMEngine.add_request`` refuses a request past
+``--max-waiting`` (its only event is then a 503 ``ErrorEvent``). The adds one event-loop tick makes
+(every prompt of a multi-prompt request) reach the engine thread as one inbox item, so they are
+admitted or refused together, before any of them runs a step. After each step, a request still
+waiting that has not been told gets a ``QueuedEvent`` as its first event, and
+:meth:`AsyncEngine.queue_position` reports its current place until it leaves the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from kvpark.config.layers import EngineConfig
+from kvpark.engine.llm_engine import LLMEngine, RequestRejected
+from kvpark.engine.outputs import ErrorEvent, FinishedEvent, QueuedEvent, StreamEvent
+from kvpark.engine.slots import describe_slots
+from kvpark.engine.stats import EngineStats
+from kvpark.runner.protocol import Runner, RunnerFactory
+from kvpark.sampling.params import SamplingParams
+from kvpark.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("kvpark.engine.llm_engine")
+IDLE_WAIT_S = 0.5
+
+_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
+_Add = tuple[str, list[int], SamplingParams]
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
+        """``runner`` as for ``LLMEngine``; it is built on the engine thread when a factory."""
+        self.config = config
+        self._runner = runner
+        self.ready = False
+        self.load_error: str | None = None
+        self._engine: LLMEngine | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._slots: list[dict[str, object]] = []
+        self._queued: dict[str, int] = {}  # request id -> place in the wait queue (published)
+        self._announced: set[str] = set()  # waiting requests told so (engine thread only)
+        self._adds: dict[asyncio.AbstractEventLoop, list[_Add]] = {}  # this tick's adds, per loop
+        self._adds_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="kvpark-engine", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until loaded (or failed); True when ready."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready and self.load_error is None:
+            if self._thread is None or not self._thread.is_alive():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            self._thread.join(0.05)
+        return self.ready
+
+    async def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30.0)
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise RuntimeError("the model is still loading")
+        return self._engine
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    # ----------------------------------------------------------------- requests
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.engine.check_request(prompt_ids, params)
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamEvent]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[list[StreamEvent]] = asyncio.Queue()
+        if request_id in self._streams:
+            raise RequestRejected(f"duplicate request id {request_id!r}")
+        self._streams[request_id] = (loop, events)
+        self._post_add(loop, (request_id, list(prompt_ids), params))
+        done = False
+        try:
+            while not done:
+                for event in await events.get():
+                    yield event
+                    if isinstance(event, FinishedEvent | ErrorEvent):
+                        done = True
+        finally:
+            self._streams.pop(request_id, None)
+            if not done:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._flush_adds(None)  # an add still held back must reach the engine before its abort
+        self._post("abort", request_id)
+
+    def _post(self, kind: str, payload: Any) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    def _post_add(self, loop: asyncio.AbstractEventLoop, add: _Add) -> None:
+        """Hold the add back until the end of this loop tick, then post the tick's adds at once.
+
+        The prompts of one HTTP request start in the same tick: posted as one inbox item, they are
+        admitted together, so a full queue refuses the whole request before any prompt streams.
+        """
+        with self._adds_lock:
+            held = self._adds.setdefault(loop, [])
+            held.append(add)
+            first = len(held) == 1
+        if first:
+            loop.call_soon(self._flush_adds, loop)
+
+    def _flush_adds(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Post the held adds of ``loop`` (None: of every loop)."""
+        with self._adds_lock:
+            if loop is None:
+                batches = list(self._adds.values())
+                self._adds.clear()
+            else:
+                batches = [self._adds.pop(loop, [])]
+        for batch in batches:
+            if batch:
+                self._post("add", batch)
+
+    # ----------------------------------------------------------------- read-only views
+    def slots(self) -> list[dict[str, object]]:
+        return list(self._slots)
+
+    def queue_position(self, request_id: str) -> int | None:
+        """1-based place of a request in the wait queue as of the last step; None once it has left
+        the queue (or was never in it). Safe from any thread: the dict is replaced, not mutated."""
+        return self._queued.get(request_id)
+
+    def props(self) -> dict[str, object]:
+        s = self.config.scheduler
+        return {
+            "model": self.model_name if self.ready else None,
+            "max_model_len": self.max_model_len if self.ready else None,
+            "pool": {
+                "kv_cells": self.config.pool.kv_cells,
+                "page_size": self.config.pool.page_size,
+                "parallel": s.parallel,
+            },
+            # true only when exact mode runs: asked for, and a row-invariant runner doing it
+            "exact": self.ready and self.config.model.exact and self.engine.runner.row_invariant,
+            # the CPU paths the built-in runner chose (docs/cpu-kernels.md); null on CUDA or
+            # for a custom runner
+            "cpu": self._cpu_paths(),
+            "preempt": {
+                "enabled": s.preempt,
+                "ram_mib": s.preempt_ram_mib,
+                "policy": s.preempt_policy,
+                "async": self.ready
+                and self.engine.preemption is not None
+                and self.engine.preemption.asynchronous,
+                "notices": True,
+                "granularity": self.config.pool.page_size,
+            },
+        }
+
+    def _cpu_paths(self) -> dict[str, object] | None:
+        paths = getattr(self.engine.runner, "cpu_paths", None) if self.ready else None
+        describe = getattr(paths, "describe", None)
+        return describe() if callable(describe) else None
+
+    def stats(self) -> EngineStats:
+        if self._engine is None:
+            return EngineStats(kv_cells_total=self.config.pool.kv_cells)
+        return replace(self._engine.stats)
+
+    def drain_observations(self) -> dict[str, list[float]]:
+        if self._engine is None:
+            return {}
+        return self._engine.observations.drain()
+
+    # ----------------------------------------------------------------- engine thread
+    def _main(self) -> None:
+        try:
+            self._engine = LLMEngine(self.config, self._runner)
+        except Exception as e:
+            log.exception("loading the model failed")
+            self.load_error = f"{type(e).__name__}: {e}"
+            return
+        self._slots = describe_slots(self._engine)
+        self.ready = True
+        while not self._stop.is_set():
+            self._drain_inbox()
+            if self._engine.has_work:
+                try:
+                    events = self._engine.step()
+                except Exception:
+                    log.exception("engine step failed; failing the requests in flight")
+                    events = self._fail_all()
+                self._announce_queue(events)
+                self._dispatch(events)
+                self._slots = describe_slots(self._engine)
+            else:
+                self._slots = describe_slots(self._engine)
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+        self._engine.close()  # shutdown: copies in flight land, then every cell and buffer is freed
+
+    def _drain_inbox(self) -> None:
+        assert self._engine is not None
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                for request_id, prompt_ids, params in payload:
+                    try:
+                        self._engine.add_request(request_id, prompt_ids, params)
+                    except RequestRejected as e:  # the queue is full: refused before any event
+                        self._dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
+            elif kind == "abort":
+                self._engine.abort(payload)
+
+    def _announce_queue(self, events: dict[str, list[StreamEvent]]) -> None:
+        """Publish the wait queue's places; tell each request the step left waiting, once.
+
+        Only after a step: a request that the step admitted never hears it was queued.
+        """
+        assert self._engine is not None
+        places = {req.request_id: i for i, req in enumerate(self._engine.scheduler.waiting, 1)}
+        for request_id, place in places.items():
+            if request_id not in self._announced:
+                events.setdefault(request_id, []).insert(0, QueuedEvent(place))
+        self._announced = set(places)  # a request never re-enters the queue once it has left
+        self._queued = places
+
+    def _fail_all(self) -> dict[str, list[StreamEvent]]:
+        assert self._engine is not None
+        failed: dict[str, list[StreamEvent]] = {}
+        for request_id in list(self._streams):
+            self._engine.abort(request_id)
+            failed[request_id] = [ErrorEvent("internal error while running the model", 500)]
+        return failed
+
+    def _dispatch(self, events: dict[str, list[StreamEvent]]) -> None:
+        for request_id, batch in events.items():
+            target = self._streams.get(request_id)
+            if target is None:
+                continue  # the client is gone; its abort is already queued
+            loop, q = target
+            with contextlib.suppress(RuntimeError):  # that event loop is closed
+                loop.call_soon_threadsafe(q.put_nowait, batch)

@@ -1,1 +1,0 @@
-"""Small programs written against kvpark's public API; docs/ includes them and tests run them."""

@@ -1,0 +1,176 @@
+"""Matmuls with weights kept in a GGUF file's 32-weight blocks, on the CPU (``--weights blocks``).
+
+A decode step reads every weight once, so on a CPU its time is the bytes it reads: the default
+model's Q4_1 weights are 4.5 bits each, 32 once expanded to float32. ``BlockWeight`` keeps Q4_0,
+Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32) and ``block_linear``
+multiplies them by float32 activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has
+them), expanding each block in registers. The expanded weights are bitwise the dequantised ones,
+and a row's result does not depend on the other rows of the step, so the op is row-invariant and
+exact mode uses it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+import kvpark._core as _core
+
+BLOCK = 32
+Tensor = torch.Tensor
+
+# GGML type ids (gguf.GGMLQuantizationType) of the block formats kept as blocks
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
+BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A weight matrix ``[out, in]`` in blocks of 32 along ``in``.
+
+    ``kind`` "q4": ``qs`` [out, in / 2] uint8, GGUF's nibble order (weight i of a block in the low
+    nibble of byte i, weight i + 16 in the high one); weight = scale * nibble + offset.
+    ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q; ``offset`` is None.
+    ``scale`` and ``offset``: [out, in / 32] float32.
+    ``dense``: the same matrix dequantised (bfloat16 or float32) for the prompt path's GEMM
+    (``--prompt-path``, cpu_paths.py), or None.
+    """
+
+    kind: str
+    qs: Tensor
+    scale: Tensor
+    offset: Tensor | None
+    dense: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        _check(self)  # once here: block_linear hands the raw addresses to Rust on every call
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scale.shape[0], self.scale.shape[1] * BLOCK
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.qs, self.scale) + ((self.offset,) if self.offset is not None else ())
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    @staticmethod
+    def from_gguf(qtype: int, raw: Tensor, shape: tuple[int, int]) -> BlockWeight:
+        """From a GGUF tensor's bytes (uint8, blocks in file order) and its torch shape."""
+        out, inp = shape
+        if inp % BLOCK:
+            raise ValueError(f"a {shape} matrix does not split into blocks of {BLOCK}")
+        size = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[qtype]
+        blocks = raw.view(out * inp // BLOCK, size)
+        scale = half_at(blocks, 0).view(-1)
+        if qtype == Q8_0:
+            qs = blocks[:, 2:].contiguous().view(torch.int8).view(out, inp)
+            return BlockWeight("q8", qs, scale.view(out, -1), None)
+        # Q4_0 is Q4_1 with offset -8 * scale (exact: a power-of-two multiple)
+        offset = half_at(blocks, 2).view(-1) if qtype == Q4_1 else -8.0 * scale
+        qs = blocks[:, size - BLOCK // 2 :].contiguous().view(out, inp // 2)
+        return BlockWeight("q4", qs, scale.view(out, -1), offset.view(out, -1))
+
+    def dequantize(self) -> Tensor:
+        """The float32 matrix, bitwise what the GGUF loader's dequantisation gives."""
+        out, inp = self.shape
+        scale = self.scale.reshape(-1, 1)
+        if self.kind == "q8":
+            return (self.qs.view(-1, BLOCK).float() * scale).view(out, inp)
+        q = nibbles(self.qs.view(-1, BLOCK // 2))
+        assert self.offset is not None
+        return (scale * q + self.offset.reshape(-1, 1)).view(out, inp)
+
+    def with_dense(self, dtype: torch.dtype) -> BlockWeight:
+        """This matrix with a dense copy in ``dtype`` for prompt chunks."""
+        return replace(self, dense=self.dequantize().to(dtype).contiguous())
+
+    def rows(self, index: Tensor) -> BlockWeight:
+        """The matrix with its rows reordered (or selected) by ``index``."""
+        offset = self.offset[index] if self.offset is not None else None
+        return BlockWeight(self.kind, self.qs[index], self.scale[index], offset)
+
+    @staticmethod
+    def cat(parts: list[BlockWeight]) -> BlockWeight:
+        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix)."""
+        kinds = {p.kind for p in parts}
+        if len(kinds) != 1:
+            raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")
+        offsets = [p.offset for p in parts]
+        return BlockWeight(
+            parts[0].kind,
+            torch.cat([p.qs for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            None if parts[0].kind == "q8" else torch.cat(offsets),  # type: ignore[arg-type]
+        )
+
+
+# GGUF's 32-weight blocks: an f16 scale (and for Q4_1 an f16 offset), then the quants. 4-bit quants
+# hold weight i of a block in the low nibble of byte i and weight i + 16 in the high nibble.
+def half_at(blocks: Tensor, at: int) -> Tensor:
+    """The f16 at byte ``at`` of every block (uint8 [n, size]), as float32 [n, 1]."""
+    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
+
+
+def nibbles(qs: Tensor) -> Tensor:
+    """4-bit quants (uint8 [n, 16]) as float32 [n, 32], in weight order."""
+    return torch.cat((qs & 0x0F, qs >> 4), dim=1).float()
+
+
+def set_threads(n: int) -> None:
+    """Threads for the CPU kernels: block matmuls and decode attention (torch's are separate)."""
+    _core._cpu_set_threads(n)
+
+
+def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tensor:
+    """x [rows, in] float32 @ W.T (+ bias) -> [rows, out] float32, on the CPU."""
+    out, inp = w.shape
+    if x.dim() != 2 or x.shape[1] != inp:
+        raise ValueError(f"x of shape {tuple(x.shape)} does not match a {w.shape} weight")
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        raise ValueError(f"block weights take float32 CPU activations, not {x.dtype} {x.device}")
+    x = x.contiguous()
+    rows = x.shape[0]
+    y = torch.empty(rows, out, dtype=torch.float32)
+    if rows:
+        if w.kind == "q4":
+            assert w.offset is not None
+            _core._blockmm_q4(
+                x.data_ptr(),
+                rows,
+                inp,
+                w.qs.data_ptr(),
+                w.scale.data_ptr(),
+                w.offset.data_ptr(),
+                out,
+                y.data_ptr(),
+            )
+        else:
+            _core._blockmm_q8(
+                x.data_ptr(), rows, inp, w.qs.data_ptr(), w.scale.data_ptr(), out, y.data_ptr()
+            )
+    return y if bias is None else y.add_(bias)
+
+
+def _check(w: BlockWeight) -> None:
+    """The Rust side reads raw memory: every tensor must be what the sizes say, on the CPU."""
+    if w.dense is not None and tuple(w.dense.shape) != w.shape:
+        raise ValueError(f"dense copy {tuple(w.dense.shape)} of a {w.shape} block weight")
+    if w.scale.dim() != 2:
+        raise ValueError(f"block scales must be [out, in / {BLOCK}], not {tuple(w.scale.shape)}")
+    out, inp = w.shape
+    qs_dtype, qs_cols = (torch.uint8, inp // 2) if w.kind == "q4" else (torch.int8, inp)
+    want = [(w.qs, qs_dtype, (out, qs_cols)), (w.scale, torch.float32, (out, inp // BLOCK))]
+    if w.kind == "q4":
+        if w.offset is None:
+            raise ValueError("a q4 block weight needs offsets")
+        want.append((w.offset, torch.float32, (out, inp // BLOCK)))
+    elif w.kind != "q8":
+        raise ValueError(f"unknown block kind {w.kind!r}")
+    for t, dtype, shape in want:
+        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+            got = f"{t.dtype} {tuple(t.shape)}"
+            raise ValueError(f"block weight tensor {got}: want contiguous {dtype} {shape}")
+        if t.device.type != "cpu":
+            raise ValueError("block weights live on the CPU")

@@ -1,0 +1,3 @@
+"""Preemption: the planner's snapshot and actions, carrying out parks and resumes, host buffers
+within --preempt-ram, sync and CUDA-stream copies. Imports sched, model.ops, config, the Rust core.
+"""

@@ -1,0 +1,103 @@
+"""The one place a step plan becomes tensors: token ids, positions, slot mapping, cell indices.
+
+::
+
+    plan.items[b]   seq 7: start=32, 1 row         seq 9: start=0, 5 rows (a prompt chunk)
+    rows            [ t7_32 | t9_0 t9_1 t9_2 t9_3 t9_4 ]
+    query_start     [0, 1, 6]
+    context_lens    [33, 5]
+    cell_index[b]   seq b's cells 0..context_len-1, read through its page table, 0-padded
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from kvpark.model.ops.metadata import AttentionMetadata
+from kvpark.sched.plan import StepPlan
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor  # [S] int64: the rows whose logits are drawn from
+    # whether the step holds a prompt chunk (an item of >= prompt_min_rows rows): then its
+    # rows take the dense prompt path (cpu_paths.py)
+    prompt_chunk: bool = False
+
+
+def build_step_tensors(
+    plan: StepPlan, page_size: int, device: torch.device, prompt_min_rows: int | None = None
+) -> StepTensors:
+    """``prompt_min_rows``: items of at least that many rows are prompt chunks (cpu_paths.py)."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    query_start = [0]
+    context_lens: list[int] = []
+    logit_rows: list[int] = []
+    for item in plan.items:
+        n = len(item.token_ids)
+        tokens += item.token_ids
+        positions += range(item.start, item.start + n)
+        query_start.append(query_start[-1] + n)
+        context_lens.append(item.start + n)
+        if item.sample:
+            logit_rows.append(query_start[-1] - 1)
+    max_pages = max(len(t) for t in plan.page_tables)
+    tables = torch.zeros((len(plan.items), max_pages), dtype=torch.int64)
+    for b, table in enumerate(plan.page_tables):
+        tables[b, : len(table)] = torch.tensor(table, dtype=torch.int64)
+    offsets = torch.arange(page_size, dtype=torch.int64)
+    cells = (tables[:, :, None] * page_size + offsets).reshape(len(plan.items), -1)
+    cell_index = cells[:, : max(context_lens)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64, device=device),
+        query_start=query_start,
+        context_lens=context_lens,
+        cell_index=cell_index.to(device),
+        max_query_len=max(query_start[i + 1] - query_start[i] for i in range(len(plan.items))),
+    )
+    longest = max(b - a for a, b in itertools.pairwise(query_start))
+    return StepTensors(
+        token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        meta=meta,
+        logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        prompt_chunk=prompt_min_rows is not None and longest >= prompt_min_rows,
+    )
+
+
+@dataclass(frozen=True)
+class PaddedDecode:
+    """A pure-decode step padded to a CUDA-graph bucket (cuda_graphs.py), host tensors: rows past
+    the plan's write to the scratch page and attend to position 0."""
+
+    token_ids: torch.Tensor  # [bucket] int64; padding 0
+    positions: torch.Tensor  # [bucket] int64; padding 0
+    slot_mapping: torch.Tensor  # [bucket] int64; padding: the scratch page's first cell
+    page_tables: torch.Tensor  # [bucket, widest table] int32; padding: the scratch page
+
+
+def build_padded_decode(
+    plan: StepPlan, bucket: int, scratch_page: int, page_size: int
+) -> PaddedDecode:
+    """The decode plan (every item one sampled row; may be empty) padded to ``bucket`` rows."""
+    n, pad = len(plan.items), bucket - len(plan.items)
+    ints = torch.tensor(
+        [
+            [i.token_ids[0] for i in plan.items] + [0] * pad,
+            [i.start for i in plan.items] + [0] * pad,
+            list(plan.slot_mapping) + [scratch_page * page_size] * pad,
+        ],
+        dtype=torch.int64,
+    )
+    width = max((len(t) for t in plan.page_tables), default=1)
+    tables = torch.full((bucket, width), scratch_page, dtype=torch.int32)
+    for row, table in enumerate(plan.page_tables[:n]):
+        tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
+    return PaddedDecode(ints[0], ints[1], ints[2], tables)

@@ -1,0 +1,105 @@
+"""Which arithmetic runs where on a CPU: a fixed rule on the CPU's flags, never a timing.
+
+``--dtype auto``, ``--weights auto`` and ``--prompt-path auto`` resolve here, from the features
+the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
+``KVPARK_CPU_ISA``). The table and the step times behind it are in docs/cpu-kernels.md:
+
+=====================  ================  ================================  ==================
+effective ISA          decode rows       prompt chunks (normal mode)       exact mode
+=====================  ================  ================================  ==================
+avx512 + avx512_bf16   float32 x blocks  dense bfloat16 GEMM               blocks, every row
+avx2 (or avx512)       float32 x blocks  dense float32 GEMM                blocks, every row
+plain (no AVX2)        dense float32     dense float32                     dense float32
+=====================  ================  ================================  ==================
+
+A prompt chunk is an item of at least ``PROMPT_MIN_ROWS`` rows: below that the block kernels
+are as fast (measured on AVX2). A step that holds one runs all its rows dense, the decode rows
+beside it too (ops/prompt_linear.py says why); every other step is blocks alone. Exact mode keeps
+prompt and decode rows on one arithmetic (a recompute replay must give the bits the first pass
+gave).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROMPT_MIN_ROWS = 64
+PROMPT_PATHS = ("auto", "same", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    """The resolved choice for one CPU runner."""
+
+    isa: str  # the level the kernels run: plain, avx2 or avx512
+    dtype: str  # activations and dense weights: float32 or bfloat16 (or float16)
+    blocks: bool  # decode rows multiply GGUF blocks in Rust
+    prompt_dtype: str | None  # prompt chunks in a dense GEMM of this dtype; None: as decode rows
+    prompt_min_rows: int = PROMPT_MIN_ROWS
+
+    def describe(self) -> dict[str, object]:
+        """What ``/props`` shows (``cpu``)."""
+        return {
+            "isa": self.isa,
+            "dtype": self.dtype,
+            "weights": "blocks" if self.blocks else "dense",
+            "prompt_path": f"dense {self.prompt_dtype}" if self.prompt_dtype else "same",
+            "prompt_min_rows": self.prompt_min_rows if self.prompt_dtype else None,
+        }
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        decode = f"{self.dtype} x {'blocks' if self.blocks else 'dense'}"
+        prompt = (
+            f"dense {self.prompt_dtype} for chunks of >= {self.prompt_min_rows} rows"
+            if self.prompt_dtype
+            else "as decode"
+        )
+        return f"cpu paths ({self.isa}): decode {decode}; prompts {prompt}"
+
+
+def choose(
+    features: dict[str, bool | str],
+    *,
+    dtype: str = "auto",
+    weights: str = "auto",
+    prompt_path: str = "auto",
+    exact: bool = False,
+    has_blocks: bool = True,
+) -> CpuPaths:
+    """The rule of the module docstring. ``features``: the effective flags (``isa`` and the
+    booleans); ``has_blocks``: whether the model has block matrices at all (a GGUF of Q4_0, Q4_1
+    or Q8_0). Raises ValueError for a combination that cannot run."""
+    isa = str(features.get("isa", "plain"))
+    native_bf16 = isa == "avx512" and bool(features.get("avx512_bf16"))
+    if dtype == "auto":
+        # bf16 decode fails the greedy rule (its tokens part from float32's within 32 on the
+        # parity prompts, on every CPU tried): float32 activations everywhere
+        dtype = "float32"
+    if weights == "auto":
+        # the plain Rust kernels are ~10x slower than MKL's dense GEMM at one row
+        blocks = dtype == "float32" and isa != "plain" and has_blocks
+    elif weights == "blocks":
+        if dtype != "float32":
+            raise ValueError(f"--weights blocks runs on the CPU in float32, not {dtype}")
+        blocks = True
+    elif weights == "dense":
+        blocks = False
+    else:
+        raise ValueError(f"unknown weights {weights!r}; use auto, dense or blocks")
+    if prompt_path not in PROMPT_PATHS:
+        raise ValueError(f"unknown prompt path {prompt_path!r}; use {', '.join(PROMPT_PATHS)}")
+    if exact and prompt_path not in ("auto", "same"):
+        raise ValueError(
+            f"--prompt-path {prompt_path} with --exact: exact mode keeps prompt and decode rows "
+            "on one arithmetic"
+        )
+    prompt: str | None
+    if not blocks or exact or prompt_path == "same":
+        # dense weights already are the dense path; exact mode keeps one arithmetic
+        prompt = None
+    elif prompt_path == "auto":
+        prompt = "bfloat16" if native_bf16 else "float32"
+    else:
+        prompt = prompt_path
+    return CpuPaths(isa=isa, dtype=dtype, blocks=blocks, prompt_dtype=prompt)

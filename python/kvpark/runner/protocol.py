@@ -1,0 +1,173 @@
+"""``kvpark.Runner``: what the engine asks of a model runner, so that your own model code can run
+under kvpark's pool, scheduler, preemption and server (docs/custom-runners.md walks through it).
+
+::
+
+    engine ──StepPlan──► runner.execute(plan) ──► logits [sampled rows, vocab] float32 ──► sampler
+    parking ─► runner.bytes_per_cell / host_buffer / save_cells / restore_cells   (swap parks)
+    engine reads runner.tokenizer, model_name, vocab_size, max_model_len, row_invariant
+
+The engine touches a runner only through these members. The runner owns the K/V storage for the
+pool's cells (``kv_cells`` cells in pages of ``page_size``, both in ``EngineConfig.pool``); the Rust
+pool decides which cells each sequence holds, and the plan says which cells each row writes and
+reads. The built-in runner is ``kvpark.runner.torch_runner.TorchRunner``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Protocol, cast, runtime_checkable
+
+import torch
+
+from kvpark.config.layers import EngineConfig
+from kvpark.sched.plan import StepPlan
+from kvpark.tokenizer.tokenizer import Tokenizer
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A model runner: runs the rows a step plan names over its own K/V cells.
+
+    Data members may be plain attributes or properties; the engine reads them once, at start,
+    except ``row_invariant``, which ``/props`` reads while serving.
+    """
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """Text <-> ids and the chat template (``kvpark.load_tokenizer`` builds one from a GGUF
+        file or a Hugging Face directory)."""
+        ...
+
+    @property
+    def model_name(self) -> str:
+        """What ``/v1/models`` and ``/props`` report."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits ``execute`` returns; token ids at or past it are refused."""
+        ...
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + completion) the model can run; the engine caps it
+        further at ``--max-model-len`` and at the pool's size."""
+        ...
+
+    @property
+    def row_invariant(self) -> bool:
+        """True only if a row's logits are bit-identical whatever other rows share its step and
+        however its prompt was chunked (SPEC §6). Exact mode refuses a runner that says False;
+        ``/props.exact`` reports this value."""
+        ...
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run one step: do ``plan.page_copies`` first, write every row's K/V at its cell in
+        ``plan.slot_mapping``, attend each row over its sequence's cells ``0 .. position`` (read
+        through ``plan.page_tables``), and return float32 logits ``[rows with sample=True,
+        vocab_size]`` in item order."""
+        ...
+
+    def bytes_per_cell(self) -> int:
+        """Bytes one cell's saved state takes (K and V of every layer): swap parks are budgeted
+        with it against ``--preempt-ram``."""
+        ...
+
+    def host_buffer(self, n_bytes: int) -> torch.Tensor:
+        """A host tensor of at least ``n_bytes`` bytes that ``save_cells`` can fill. Raise
+        ``MemoryError`` (or ``RuntimeError``) when it cannot be had: the park then recomputes."""
+        ...
+
+    def save_cells(self, cells: list[int], out: torch.Tensor) -> None:
+        """Copy the state of ``cells`` (a sequence's cells in logical order) into ``out``, a buffer
+        from ``host_buffer`` with room for ``len(cells) * bytes_per_cell()`` bytes. The cells are
+        freed right after: the copy must have landed when this returns."""
+        ...
+
+    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None:
+        """Write a state saved by ``save_cells`` back into ``cells`` (fresh ones, in the same
+        logical order; usually not the cells it was saved from)."""
+        ...
+
+
+RunnerFactory = Callable[[EngineConfig], Runner]
+"""Builds a runner for a config; what ``--runner module:factory`` and ``LLM(runner=...)`` call.
+A runner class whose ``__init__`` takes the ``EngineConfig`` is one."""
+
+_MEMBERS = (
+    "tokenizer",
+    "model_name",
+    "vocab_size",
+    "max_model_len",
+    "row_invariant",
+    "execute",
+    "bytes_per_cell",
+    "host_buffer",
+    "save_cells",
+    "restore_cells",
+)
+
+
+def runner_name(runner: object) -> str:
+    kind = type(runner)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def load_runner_factory(spec: str) -> RunnerFactory:
+    """``"package.module:name"`` -> the callable ``name`` of that module (imported now).
+
+    ValueError for a malformed spec, ImportError or AttributeError for a missing module or name,
+    TypeError when the name is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{spec!r} is not of the form module:factory")
+    module = importlib.import_module(module_name)
+    factory: object = module
+    for part in attr.split("."):  # module:Class.method works too
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise TypeError(f"{spec} is not callable")
+    return cast(RunnerFactory, factory)
+
+
+def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = None) -> Runner:
+    """The runner the engine will drive: ``given`` itself when it is a runner, ``given(config)``
+    when it is a factory, else the factory ``config.model.runner`` names, else the built-in
+    ``TorchRunner``. Checked by :func:`check_runner`."""
+    runner: object
+    if given is not None and not isinstance(given, type) and isinstance(given, Runner):
+        runner = given  # a runner may be callable too (a torch Module): its members decide
+    elif given is not None:
+        runner = cast(RunnerFactory, given)(config)
+    elif config.model.runner is not None:
+        runner = load_runner_factory(config.model.runner)(config)
+    else:
+        from kvpark.runner.torch_runner import TorchRunner  # torch: only when it is the one
+
+        runner = TorchRunner(config.model, config.pool)
+    return check_runner(runner, config)
+
+
+def check_runner(runner: object, config: EngineConfig) -> Runner:
+    """TypeError unless ``runner`` has every member of :class:`Runner`; ValueError for exact mode
+    with a runner that is not row-invariant, or for sizes that cannot be right."""
+    name = runner_name(runner)
+    missing = [m for m in _MEMBERS if not hasattr(runner, m)]
+    if missing:
+        raise TypeError(f"{name} is not a kvpark.Runner: it lacks {', '.join(missing)}")
+    checked = cast(Runner, runner)
+    if config.model.exact and not checked.row_invariant:
+        raise ValueError(
+            f"exact mode cannot run with the runner {name}: it declares row_invariant = False, so "
+            "a row's logits may change with what else shares its step, and exact mode promises "
+            "bit-identical outputs whatever runs beside them; turn exact mode off or use a "
+            "row-invariant runner"
+        )
+    for member in ("vocab_size", "max_model_len"):
+        value = getattr(runner, member)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}.{member} must be a positive int, got {value!r}")
+    return checked

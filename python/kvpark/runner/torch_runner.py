@@ -1,0 +1,249 @@
+"""Owns the model and the KV tensors, and runs one step: plan in, logits of the sampled rows out.
+
+KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for V (see
+``model/ops/kv_cache.py``); a page id from the Rust pool indexes the first dimension directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+import kvpark._core as _core
+from kvpark.config.layers import DTYPE_NAMES, ModelConfig, PoolConfig
+from kvpark.model.loader import LoadedModel, load_model
+from kvpark.model.ops import OpSet, block_weights
+from kvpark.model.ops.kv_cache import KVCache
+from kvpark.runner.batch import build_step_tensors
+from kvpark.runner.cpu_paths import CpuPaths
+from kvpark.runner.cpu_paths import choose as choose_cpu_paths
+from kvpark.runner.cuda_graphs import DecodeGraphs, graphs_wanted
+from kvpark.sched.plan import StepPlan
+from kvpark.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("kvpark.runner.torch_runner")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """A canonical dtype name (config.layers.DTYPE_NAMES' values) as torch's dtype."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``--dtype``; ``auto`` is bfloat16 on CUDA and float32 on the CPU (cpu_paths.py says why)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return torch_dtype(DTYPE_NAMES[name])
+
+
+def resolve_weights(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether to keep a GGUF's block-quantised matrices as blocks (``--weights``); on the CPU
+    ``auto`` follows cpu_paths.choose (blocks, except where the CPU lacks AVX2)."""
+    fits = device.type == "cpu" and dtype == torch.float32
+    if name == "auto":
+        return fits and cpu_features()["isa"] != "plain"
+    if name == "blocks" and not fits:
+        raise ValueError(
+            f"--weights blocks runs on the CPU in float32, not {str(dtype).removeprefix('torch.')}"
+            f" on {device.type}"
+        )
+    if name not in ("blocks", "dense"):
+        raise ValueError(f"unknown weights {name!r}; use auto, dense or blocks")
+    return name == "blocks"
+
+
+def cpu_features() -> dict[str, bool | str]:
+    """The CPU flags the Rust kernels run under (the CPU's, capped by ``KVPARK_CPU_ISA``)."""
+    return _core._cpu_features()[1]
+
+
+def resolve_cpu_paths(config: ModelConfig) -> CpuPaths:
+    dtype = str(resolve_dtype(config.dtype, torch.device("cpu"))).removeprefix("torch.")
+    return choose_cpu_paths(
+        cpu_features(),
+        dtype=dtype,
+        weights=config.weights,
+        prompt_path=config.prompt_path,
+        exact=config.exact,
+    )
+
+
+EXACT_CPU_THREADS = 2
+
+
+def exact_cpu_threads(requested: int) -> int:
+    """Threads for exact mode on CPU. Elementwise transcendental ops (exp, silu) compute the scalar
+    tail of a vectorised loop with another formula, and with more than two threads a thread's range
+    can end mid-vector at a place that depends on the step's size (see chunked_attention.py)."""
+    if requested > EXACT_CPU_THREADS:
+        raise ValueError(
+            f"exact mode on CPU runs with at most {EXACT_CPU_THREADS} threads (asked for "
+            f"{requested}): with more, a row's bits could depend on the size of its step"
+        )
+    return requested or min(EXACT_CPU_THREADS, os.cpu_count() or 1)
+
+
+def select_ops(exact: bool, device: torch.device) -> OpSet:
+    """CPU: the torch ops, or their row-invariant versions. CUDA: the Triton kernels, with cuBLAS
+    matmuls in normal mode and the batch-invariant Triton matmul in exact mode."""
+    if device.type == "cpu":
+        return OpSet.exact() if exact else OpSet.default()
+    if device.type != "cuda":
+        if exact:
+            raise ValueError(f"exact mode runs on cpu or cuda, not {device.type}")
+        return OpSet.default()
+    from kvpark.model.ops.triton_ops import cuda_ops, triton_ops
+
+    return triton_ops() if exact else cuda_ops()
+
+
+class TorchRunner:
+    """The built-in ``kvpark.Runner``: kvpark's paged Llama-family model in torch, with the Triton
+    kernels on CUDA and the row-invariant ops in exact mode."""
+
+    def __init__(self, model_config: ModelConfig, pool_config: PoolConfig) -> None:
+        self.device = resolve_device(model_config.device)
+        self.ops = select_ops(model_config.exact, self.device)
+        self.cpu_paths: CpuPaths | None = None
+        if self.device.type == "cpu":
+            self.cpu_paths = resolve_cpu_paths(model_config)
+            self.dtype = torch_dtype(self.cpu_paths.dtype)
+            blocks = self.cpu_paths.blocks
+            log.info("%s", self.cpu_paths.summary())
+        else:
+            if model_config.prompt_path not in ("auto", "same"):
+                raise ValueError(f"--prompt-path {model_config.prompt_path} is for the CPU")
+            self.dtype = resolve_dtype(model_config.dtype, self.device)
+            blocks = resolve_weights(model_config.weights, self.device, self.dtype)
+        threads = model_config.threads
+        if model_config.exact and self.device.type == "cpu":
+            threads = exact_cpu_threads(threads)
+        self.threads = threads or os.cpu_count() or 1
+        if blocks:
+            # the block matmuls take the threads; torch's ops (attention, norms) run on the
+            # calling thread: an OpenMP team of its own would fight the matmul helpers, which
+            # spin between products, for the same cores (docs/benchmarks.md)
+            block_weights.set_threads(threads or os.cpu_count() or 1)
+            torch.set_num_threads(1)
+        elif threads > 0:
+            torch.set_num_threads(threads)
+        started = time.perf_counter()
+        self.loaded: LoadedModel = load_model(
+            model_config.model, self.dtype, self.device, blocks=blocks
+        )
+        log.info(
+            "model %s loaded in %.1f s (%s on %s, %s weights)",
+            self.loaded.name,
+            time.perf_counter() - started,
+            self.dtype,
+            self.device,
+            "block" if blocks else "dense",
+        )
+        self.prompt_min_rows: int | None = None
+        if self.cpu_paths is not None and self.cpu_paths.prompt_dtype is not None:
+            self.prompt_min_rows = self.cpu_paths.prompt_min_rows
+            self.loaded.model.add_dense_copies(torch_dtype(self.cpu_paths.prompt_dtype))
+        with_chunks = self.prompt_min_rows is not None
+        self.ops_for_prompts = self.ops.for_prompt_chunks() if with_chunks else self.ops
+        self.page_size = pool_config.page_size
+        use_graphs = graphs_wanted(model_config.cuda_graphs, self.device, self.ops)
+        self.kv = KVCache.allocate(
+            self.loaded.arch,
+            # with CUDA graphs, one scratch page past the pool's for padding rows (cuda_graphs.py)
+            pool_config.kv_cells // self.page_size + int(use_graphs),
+            self.page_size,
+            self.dtype,
+            self.device,
+        )
+        max_cells = min(pool_config.kv_cells, self.loaded.arch.max_position)
+        self.graphs = (
+            DecodeGraphs(self.loaded.model, self.kv, self.ops, max_cells) if use_graphs else None
+        )
+        log.info("ops: %s%s", self.ops.name, " (row-invariant)" if self.ops.row_invariant else "")
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    # ----------------------------------------------------------------- what the engine reads
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.arch.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.loaded.arch.max_position
+
+    @property
+    def row_invariant(self) -> bool:
+        return self.ops.row_invariant
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run the plan's rows; returns logits [sampled rows, vocab] in float32."""
+        if plan.page_copies:
+            self.kv.copy_pages(plan.page_copies)
+        if self.graphs is not None and (graphed := self.graphs.run(plan)) is not None:
+            return graphed
+        step = build_step_tensors(plan, self.page_size, self.device, self.prompt_min_rows)
+        if not step.prompt_chunk:
+            logits: torch.Tensor = self.loaded.model(
+                step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, self.ops
+            )
+            return logits
+        # prompt chunks: a dense GEMM on torch's threads for this step (between steps torch
+        # keeps one thread, so that it never fights the block kernels' helpers)
+        ops = self.ops_for_prompts
+        torch.set_num_threads(self.threads)
+        try:
+            logits = self.loaded.model(
+                step.token_ids, step.positions, step.meta, self.kv, step.logit_rows, ops
+            )
+        finally:
+            torch.set_num_threads(1)
+        return logits
+
+    # ----------------------------------------------------------------- parking (CellCopier)
+    @property
+    def kv_cache(self) -> KVCache:
+        """The pool's K/V tensors: parking copies them asynchronously on CUDA (DeviceKVCopier)."""
+        return self.kv
+
+    def bytes_per_cell(self) -> int:
+        return self.kv.bytes_per_cell()
+
+    def host_buffer(self, n_bytes: int) -> torch.Tensor:
+        """A host tensor of at least ``n_bytes`` in the KV dtype (pinned for a GPU pool)."""
+        elem = self.kv.k[0].element_size()
+        pin = self.device.type == "cuda"
+        return torch.empty(-(-n_bytes // elem), dtype=self.kv.k[0].dtype, pin_memory=pin)
+
+    def save_cells(self, cells: list[int], out: torch.Tensor) -> None:
+        """Copy the K and V of ``cells`` (every layer) into ``out`` (the KV cache's layout)."""
+        self.kv.save_cells(cells, out)
+
+    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None:
+        """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones)."""
+        self.kv.restore_cells(src, cells)

@@ -1,0 +1,3 @@
+"""Tokenizers and chat templates, incremental detokenizing, stop strings on the text stream.
+Imports nothing else of kvpark; no torch.
+"""

@@ -1,0 +1,297 @@
+//! The sequence operations of [`KvPool`]: add, grow, truncate, fork and free a sequence's page
+//! table, plus the flat export the runner needs for a step.
+//!
+//! Copy-on-write keeps one rule: a page shared by several tables is full in each of them.
+//! Appending then only ever writes into a private partly used tail page or a fresh page. The two
+//! calls that could break the rule, `fork` of a partly used tail and `truncate` into a shared
+//! page, give the sequence a private page instead and return `(src, dst)` page pairs the runner
+//! must copy (all `page_size` cells of `src` into `dst`) before the next step writes there.
+//!
+//! ```text
+//!   fork(7 -> 9), seq 7 holds 6 cells, page_size 4:
+//!     seq 7  [0, 1]       page 0 full: shared (ref count 2)
+//!     seq 9  [0, 2]       page 1 partly used: copied, returns [(1, 2)]
+//! ```
+
+use super::KvPool;
+use crate::error::{KvError, KvResult};
+use crate::ids::{PageId, SeqId};
+use crate::page_table::{pages_for, PageTable};
+
+impl KvPool {
+    fn table(&self, seq: SeqId) -> KvResult<&PageTable> {
+        self.tables.get(&seq).ok_or(KvError::UnknownSequence(seq))
+    }
+
+    /// Adds sequence `seq`, holding no cell. Fails if it exists.
+    pub fn add_sequence(&mut self, seq: SeqId) -> KvResult<()> {
+        if self.tables.contains_key(&seq) {
+            return Err(KvError::SequenceExists(seq));
+        }
+        self.tables.insert(seq, PageTable::default());
+        Ok(())
+    }
+
+    /// Whether sequence `seq` exists.
+    pub fn has_sequence(&self, seq: SeqId) -> bool {
+        self.tables.contains_key(&seq)
+    }
+
+    /// Every sequence id, ascending.
+    pub fn sequences(&self) -> Vec<SeqId> {
+        self.tables.keys().copied().collect()
+    }
+
+    /// Cells (tokens) sequence `seq` holds.
+    pub fn seq_len(&self, seq: SeqId) -> KvResult<usize> {
+        Ok(self.table(seq)?.len)
+    }
+
+    /// Sequence `seq`'s pages in logical order.
+    pub fn page_table(&self, seq: SeqId) -> KvResult<&[PageId]> {
+        Ok(&self.table(seq)?.pages)
+    }
+
+    /// Extra pages sequence `seq` needs to hold `n_tokens` cells in all (0 if it does already).
+    pub fn pages_needed(&self, seq: SeqId, n_tokens: usize) -> KvResult<usize> {
+        let have = self.table(seq)?.pages.len();
+        Ok(pages_for(n_tokens, self.page_size()).saturating_sub(have))
+    }
+
+    /// Grows sequence `seq` to hold `n_tokens` cells in all and returns the pages it took, in
+    /// logical order. All or nothing: [`KvError::PoolFull`] if too few pages are free.
+    /// Fails with [`KvError::WouldShrink`] if `n_tokens < seq_len(seq)`.
+    ///
+    /// ```
+    /// # use kvpark_core::{KvError, KvPool};
+    /// let mut pool = KvPool::new(32, 16).unwrap(); // 2 pages
+    /// pool.add_sequence(1).unwrap();
+    /// assert_eq!(pool.reserve(1, 5).unwrap(), vec![0]);
+    /// assert!(pool.reserve(1, 16).unwrap().is_empty()); // still fits page 0
+    /// assert!(matches!(pool.reserve(1, 33), Err(KvError::PoolFull { needed: 2, free: 1, .. })));
+    /// assert_eq!(pool.seq_len(1).unwrap(), 16); // unchanged by the failure
+    /// ```
+    pub fn reserve(&mut self, seq: SeqId, n_tokens: usize) -> KvResult<Vec<PageId>> {
+        let page_size = self.pages.page_size();
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if n_tokens < table.len {
+            return Err(KvError::WouldShrink {
+                seq,
+                len: table.len,
+                requested: n_tokens,
+            });
+        }
+        let have = table.pages.len();
+        let needed = pages_for(n_tokens, page_size) - have;
+        self.pages.ensure_free(needed)?;
+        debug_assert!(
+            n_tokens == table.len
+                || table.len % page_size == 0
+                || self.pages.refcount(table.pages[have - 1]) == 1,
+            "sequence {seq} would write into a shared page"
+        );
+        for _ in 0..needed {
+            table.pages.push(self.pages.alloc());
+        }
+        table.len = n_tokens;
+        Ok(table.pages[have..].to_vec())
+    }
+
+    /// Keeps the first `n_tokens` cells of sequence `seq` and releases the pages it no longer
+    /// needs (ref count -1; a page nobody holds is free again).
+    ///
+    /// If the new tail page is partly used and shared, the sequence gets a private copy of it
+    /// (copy-on-write) and the call returns `[(src, dst)]`, the page copy the runner must do;
+    /// else `[]`. [`KvError::PoolFull`] if no page is left for the copy (a page this call
+    /// releases counts as free). Fails with [`KvError::WouldGrow`] if `n_tokens > seq_len(seq)`.
+    ///
+    /// ```
+    /// # use kvpark_core::KvPool;
+    /// let mut pool = KvPool::new(64, 4).unwrap();
+    /// pool.add_sequence(1).unwrap();
+    /// pool.reserve(1, 8).unwrap(); // pages [0, 1], both full
+    /// pool.fork(1, 2).unwrap(); // 2 shares both pages
+    /// assert_eq!(pool.truncate(1, 6).unwrap(), vec![(1, 2)]); // page 1 now partly used: copied
+    /// assert_eq!(pool.page_table(1).unwrap(), &[0, 2]);
+    /// assert_eq!(pool.truncate(1, 4).unwrap(), vec![]); // page 2 released, page 0 full
+    /// assert_eq!(pool.page_refcount(2).unwrap(), 0);
+    /// assert_eq!(pool.page_table(2).unwrap(), &[0, 1]); // the fork is untouched
+    /// ```
+    pub fn truncate(&mut self, seq: SeqId, n_tokens: usize) -> KvResult<Vec<(PageId, PageId)>> {
+        let page_size = self.pages.page_size();
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if n_tokens > table.len {
+            return Err(KvError::WouldGrow {
+                seq,
+                len: table.len,
+                requested: n_tokens,
+            });
+        }
+        let keep = pages_for(n_tokens, page_size);
+        let copy_tail = n_tokens % page_size != 0 && self.pages.refcount(table.pages[keep - 1]) > 1;
+        if copy_tail {
+            let released = table.pages[keep..]
+                .iter()
+                .filter(|&&p| self.pages.refcount(p) == 1)
+                .count();
+            if self.pages.free_pages() + released == 0 {
+                return Err(KvError::PoolFull {
+                    needed: 1,
+                    free: 0,
+                    page_size,
+                });
+            }
+        }
+        for page in table.pages.drain(keep..).rev() {
+            self.pages.release(page);
+        }
+        table.len = n_tokens;
+        if !copy_tail {
+            return Ok(Vec::new());
+        }
+        let src = table.pages[keep - 1];
+        let dst = self.pages.alloc();
+        let freed = self.pages.release(src);
+        debug_assert!(!freed, "copied page {src} was not shared");
+        table.pages[keep - 1] = dst;
+        Ok(vec![(src, dst)])
+    }
+
+    /// Adds sequence `child` holding the same cells as `parent` (prefix sharing for `n > 1`):
+    /// the child shares the parent's full pages (ref count +1 each). A partly used last page is
+    /// not shared: the child gets a fresh page, and the call returns `[(src, dst)]`, the page
+    /// copy the runner must do; else `[]`.
+    ///
+    /// Fails with [`KvError::UnknownSequence`] for an unknown parent, [`KvError::SequenceExists`]
+    /// if `child` exists, and [`KvError::PoolFull`] if no page is free for the copy.
+    ///
+    /// ```
+    /// # use kvpark_core::KvPool;
+    /// let mut pool = KvPool::new(64, 16).unwrap();
+    /// pool.add_sequence(1).unwrap();
+    /// pool.reserve(1, 20).unwrap(); // pages [0, 1]; page 1 holds 4 cells
+    /// assert_eq!(pool.fork(1, 2).unwrap(), vec![(1, 2)]);
+    /// assert_eq!(pool.page_table(2).unwrap(), &[0, 2]);
+    /// assert_eq!(pool.page_refcount(0).unwrap(), 2);
+    /// assert_eq!(pool.cells_used(), 48); // page 0 counted once
+    /// ```
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> KvResult<Vec<(PageId, PageId)>> {
+        let page_size = self.pages.page_size();
+        let parent_table = self
+            .tables
+            .get(&parent)
+            .ok_or(KvError::UnknownSequence(parent))?;
+        if self.tables.contains_key(&child) {
+            return Err(KvError::SequenceExists(child));
+        }
+        let copy_tail = parent_table.len % page_size != 0;
+        if copy_tail {
+            self.pages.ensure_free(1)?;
+        }
+        let mut child_table = parent_table.clone();
+        let shared = child_table.pages.len() - usize::from(copy_tail);
+        for &page in &child_table.pages[..shared] {
+            self.pages.retain(page);
+        }
+        let mut copies = Vec::new();
+        if copy_tail {
+            let src = child_table.pages[shared];
+            let dst = self.pages.alloc();
+            child_table.pages[shared] = dst;
+            copies.push((src, dst));
+        }
+        self.tables.insert(child, child_table);
+        Ok(copies)
+    }
+
+    /// Removes sequence `seq` and returns the cells that went back to the pool: its pages that
+    /// no other sequence holds, × `page_size`.
+    ///
+    /// ```
+    /// # use kvpark_core::KvPool;
+    /// let mut pool = KvPool::new(64, 16).unwrap();
+    /// pool.add_sequence(1).unwrap();
+    /// pool.reserve(1, 40).unwrap(); // pages [0, 1, 2]
+    /// pool.fork(1, 2).unwrap(); // shares 0 and 1, copies 2 into 3
+    /// assert_eq!(pool.free_sequence(1).unwrap(), 16); // only page 2 was 1's alone
+    /// assert_eq!(pool.free_sequence(2).unwrap(), 48);
+    /// assert_eq!(pool.cells_free(), 64);
+    /// ```
+    pub fn free_sequence(&mut self, seq: SeqId) -> KvResult<usize> {
+        let table = self
+            .tables
+            .remove(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        let mut freed = 0;
+        for &page in table.pages.iter().rev() {
+            freed += usize::from(self.pages.release(page));
+        }
+        Ok(freed * self.pages.page_size())
+    }
+
+    /// Flat cell indices (`page * page_size + offset`) of sequence `seq`'s logical positions
+    /// `start..start + count`. Fails with [`KvError::OutOfRange`] past `seq_len(seq)`.
+    pub fn slot_mapping(&self, seq: SeqId, start: usize, count: usize) -> KvResult<Vec<usize>> {
+        let mut slots = Vec::new();
+        self.push_slots(seq, start, count, &mut slots)?;
+        Ok(slots)
+    }
+
+    /// Appends the slot mapping of `seq`'s positions `start..start + count` to `slots`.
+    fn push_slots(
+        &self,
+        seq: SeqId,
+        start: usize,
+        count: usize,
+        slots: &mut Vec<usize>,
+    ) -> KvResult<&PageTable> {
+        let table = self.table(seq)?;
+        let end = start
+            .checked_add(count)
+            .filter(|&end| end <= table.len)
+            .ok_or(KvError::OutOfRange {
+                seq,
+                start,
+                count,
+                len: table.len,
+            })?;
+        let page_size = self.page_size();
+        slots.extend(
+            (start..end)
+                .map(|pos| table.pages[pos / page_size] as usize * page_size + pos % page_size),
+        );
+        Ok(table)
+    }
+
+    /// Everything the runner needs for one step, in one call: the slot mappings of all items
+    /// (`seq_ids[i]`, positions `starts[i]..starts[i] + counts[i]`) concatenated in item order,
+    /// and each item's page table. Fails as [`slot_mapping`](Self::slot_mapping) does, or with
+    /// [`KvError::LengthMismatch`] if the three lists differ in length.
+    pub fn export_step(
+        &self,
+        seq_ids: &[SeqId],
+        starts: &[usize],
+        counts: &[usize],
+    ) -> KvResult<(Vec<usize>, Vec<Vec<PageId>>)> {
+        if seq_ids.len() != starts.len() || seq_ids.len() != counts.len() {
+            return Err(KvError::LengthMismatch {
+                seq_ids: seq_ids.len(),
+                starts: starts.len(),
+                counts: counts.len(),
+            });
+        }
+        let mut slots = Vec::new();
+        let mut page_tables = Vec::with_capacity(seq_ids.len());
+        for ((&seq, &start), &count) in seq_ids.iter().zip(starts).zip(counts) {
+            let table = self.push_slots(seq, start, count, &mut slots)?;
+            page_tables.push(table.pages.clone());
+        }
+        Ok((slots, page_tables))
+    }
+}

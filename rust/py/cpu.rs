@@ -1,0 +1,182 @@
+//! kvpark-cpu-ops: block-weight matmuls, paged decode attention and RMSNorm on the CPU.
+//!
+//! These take raw addresses because the stable ABI of Python 3.10 has no buffer protocol. They
+//! are private: their Python wrappers (`kvpark.model.ops.block_weights`, `cpu_attention`, `norm`) check
+//! every tensor's dtype, device, contiguity and size before they pass `tensor.data_ptr()` here.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::errors::cpu_ops_err;
+
+/// y[rows, n] = x[rows, k] @ W.T for 4-bit block weights (qs [n, k/2] u8, scale and offset
+/// [n, k/32] f32), all C-contiguous CPU memory at the given addresses. Private: see
+/// kvpark.model.ops.block_weights, which checks the tensors behind the addresses.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _blockmm_q4(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
+    // SAFETY: the caller (kvpark.model.ops.block_weights) passes live, contiguous tensors of exactly
+    // these sizes and dtypes; `y` does not overlap the inputs.
+    let (x, qs, scale, offset, y) = unsafe {
+        (
+            std::slice::from_raw_parts(x as *const f32, rows * k),
+            std::slice::from_raw_parts(qs as *const u8, n * k / 2),
+            std::slice::from_raw_parts(scale as *const f32, blocks),
+            std::slice::from_raw_parts(offset as *const f32, blocks),
+            std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+        )
+    };
+    let w = kvpark_cpu_ops::Q4Weights {
+        qs,
+        scale,
+        offset,
+        n,
+        k,
+    };
+    py.detach(|| kvpark_cpu_ops::matmul_q4(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32).
+/// Private: see kvpark.model.ops.block_weights.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _blockmm_q8(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4.
+    let (x, qs, scale, y) = unsafe {
+        (
+            std::slice::from_raw_parts(x as *const f32, rows * k),
+            std::slice::from_raw_parts(qs as *const i8, n * k),
+            std::slice::from_raw_parts(scale as *const f32, n * k / kvpark_cpu_ops::BLOCK),
+            std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+        )
+    };
+    let w = kvpark_cpu_ops::Q8Weights { qs, scale, n, k };
+    py.detach(|| kvpark_cpu_ops::matmul_q8(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
+/// [cells, kv_heads, head_dim] f32 (n_kv_values each), cells [seqs, stride] i64, context and
+/// rows [seqs] i64, out like q (only the sequences' rows written). Private: see
+/// kvpark.model.ops.cpu_attention, which checks the tensors behind the addresses.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _decode_attention(
+    py: Python<'_>,
+    q: usize,
+    n_q_values: usize,
+    k: usize,
+    v: usize,
+    n_kv_values: usize,
+    cells: usize,
+    seqs: usize,
+    stride: usize,
+    context: usize,
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    out: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4; `out` does not overlap the inputs.
+    let (q, k, v, cells, context, rows, out) = unsafe {
+        (
+            std::slice::from_raw_parts(q as *const f32, n_q_values),
+            std::slice::from_raw_parts(k as *const f32, n_kv_values),
+            std::slice::from_raw_parts(v as *const f32, n_kv_values),
+            std::slice::from_raw_parts(cells as *const i64, seqs * stride),
+            std::slice::from_raw_parts(context as *const i64, seqs),
+            std::slice::from_raw_parts(rows as *const i64, seqs),
+            std::slice::from_raw_parts_mut(out as *mut f32, n_q_values),
+        )
+    };
+    let a = kvpark_cpu_ops::DecodeAttention {
+        q,
+        k,
+        v,
+        cells,
+        stride,
+        context,
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+    };
+    py.detach(|| kvpark_cpu_ops::decode_attention(a, out))
+        .map_err(cpu_ops_err)
+}
+
+/// RMSNorm of rows = n_values / d: x [rows, d] f32, weight [d] f32, out like x. Private: see
+/// kvpark.model.ops.norm, which checks the tensors behind the addresses.
+#[pyfunction]
+pub(super) fn _rms_norm(
+    x: usize,
+    n_values: usize,
+    weight: usize,
+    d: usize,
+    eps: f32,
+    out: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4; `out` does not overlap `x` or `weight`.
+    let (x, weight, out) = unsafe {
+        (
+            std::slice::from_raw_parts(x as *const f32, n_values),
+            std::slice::from_raw_parts(weight as *const f32, d),
+            std::slice::from_raw_parts_mut(out as *mut f32, n_values),
+        )
+    };
+    kvpark_cpu_ops::rms_norm(x, weight, eps, out).map_err(cpu_ops_err)
+}
+
+/// How many threads the CPU kernels (block matmuls, decode attention) use (1: the calling
+/// thread only).
+#[pyfunction]
+pub(super) fn _cpu_set_threads(n: usize) {
+    kvpark_cpu_ops::set_threads(n);
+}
+
+/// The CPU features the kernels see, `(cpu, effective)`: each a dict of flag -> bool plus
+/// `"isa"` (plain, avx2 or avx512); `effective` is `cpu` under the cap in `KVPARK_CPU_ISA`.
+/// Raises ValueError for a value that variable cannot hold.
+#[pyfunction]
+pub(super) fn _cpu_features(py: Python<'_>) -> PyResult<(Py<PyDict>, Py<PyDict>)> {
+    use kvpark_cpu_ops::isa::{effective, Features, Isa, ISA_VAR};
+    if let Ok(text) = std::env::var(ISA_VAR) {
+        Isa::parse_cap(&text).map_err(PyValueError::new_err)?;
+    }
+    let as_dict = |f: Features| -> PyResult<Py<PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("isa", f.level().name())?;
+        d.set_item("avx2", f.avx2)?;
+        d.set_item("fma", f.fma)?;
+        d.set_item("avx512f", f.avx512f)?;
+        d.set_item("avx512bw", f.avx512bw)?;
+        d.set_item("avx512vl", f.avx512vl)?;
+        d.set_item("avx512_bf16", f.avx512_bf16)?;
+        d.set_item("avx512_vnni", f.avx512_vnni)?;
+        Ok(d.unbind())
+    };
+    Ok((as_dict(Features::detect())?, as_dict(effective())?))
+}

@@ -1,0 +1,172 @@
+//! `kvpark._core.KvPool`: the [`KvPool`] behind a Python class, method for method.
+
+use pyo3::prelude::*;
+
+use crate::{KvPool, PageId, SeqId};
+
+/// The KV cell pool: pages of `page_size` cells with ref counts, and each sequence's page table.
+///
+/// Sequence ids are ints >= 0 chosen by the caller; page ids are 0..n_pages; the cell of page p
+/// at offset o has the flat index p * page_size + o. Free pages are handed out LIFO: a fresh
+/// pool gives 0, 1, 2, ...; a released page is the next one given. Every failing call changes
+/// nothing. Unknown sequence: KeyError; too few free pages: PoolFullError; other bad
+/// arguments: ValueError.
+#[pyclass(name = "KvPool", module = "kvpark._core")]
+pub(super) struct PyKvPool(pub(super) KvPool);
+
+#[pymethods]
+impl PyKvPool {
+    /// ValueError unless page_size > 0, n_cells > 0 and n_cells is a multiple of page_size.
+    #[new]
+    #[pyo3(signature = (n_cells, page_size = 16))]
+    fn new(n_cells: usize, page_size: usize) -> PyResult<Self> {
+        Ok(Self(KvPool::new(n_cells, page_size)?))
+    }
+
+    /// Cells per page.
+    #[getter]
+    fn page_size(&self) -> usize {
+        self.0.page_size()
+    }
+
+    /// Pages in the pool.
+    #[getter]
+    fn n_pages(&self) -> usize {
+        self.0.n_pages()
+    }
+
+    /// Cells in the pool.
+    #[getter]
+    fn n_cells(&self) -> usize {
+        self.0.n_cells()
+    }
+
+    /// Add a sequence holding no cell. ValueError if it exists.
+    fn add_sequence(&mut self, seq_id: SeqId) -> PyResult<()> {
+        Ok(self.0.add_sequence(seq_id)?)
+    }
+
+    /// Whether the sequence exists.
+    fn has_sequence(&self, seq_id: SeqId) -> bool {
+        self.0.has_sequence(seq_id)
+    }
+
+    /// Every sequence id, ascending.
+    fn sequences(&self) -> Vec<SeqId> {
+        self.0.sequences()
+    }
+
+    /// Cells (tokens) the sequence holds.
+    fn seq_len(&self, seq_id: SeqId) -> PyResult<usize> {
+        Ok(self.0.seq_len(seq_id)?)
+    }
+
+    /// The sequence's pages in logical order.
+    fn page_table(&self, seq_id: SeqId) -> PyResult<Vec<PageId>> {
+        Ok(self.0.page_table(seq_id)?.to_vec())
+    }
+
+    /// Extra pages the sequence needs to hold n_tokens cells in all (0 if it does already).
+    fn pages_needed(&self, seq_id: SeqId, n_tokens: usize) -> PyResult<usize> {
+        Ok(self.0.pages_needed(seq_id, n_tokens)?)
+    }
+
+    /// Grow the sequence to hold n_tokens cells in all; return the new page ids.
+    ///
+    /// All or nothing: PoolFullError changes nothing. ValueError if n_tokens < seq_len.
+    fn reserve(&mut self, seq_id: SeqId, n_tokens: usize) -> PyResult<Vec<PageId>> {
+        Ok(self.0.reserve(seq_id, n_tokens)?)
+    }
+
+    /// Keep the first n_tokens cells; release the pages no longer needed.
+    ///
+    /// A partly used new tail page shared with another sequence is replaced by a private copy:
+    /// returns [(src_page, dst_page)], the page copy the runner must do, else [].
+    /// PoolFullError (nothing changed) if no page is left for the copy; ValueError if
+    /// n_tokens > seq_len.
+    fn truncate(&mut self, seq_id: SeqId, n_tokens: usize) -> PyResult<Vec<(PageId, PageId)>> {
+        Ok(self.0.truncate(seq_id, n_tokens)?)
+    }
+
+    /// Add sequence child sharing parent's full pages (ref counts +1).
+    ///
+    /// A partly used last page is not shared: the child gets a fresh page and the call returns
+    /// [(src_page, dst_page)], the page copy the runner must do, else []. KeyError if parent is
+    /// unknown, ValueError if child exists, PoolFullError (nothing changed) if no page is free.
+    fn fork(&mut self, parent: SeqId, child: SeqId) -> PyResult<Vec<(PageId, PageId)>> {
+        Ok(self.0.fork(parent, child)?)
+    }
+
+    /// Remove the sequence; return the cells that went back to the pool (pages nobody else
+    /// holds, times page_size).
+    fn free_sequence(&mut self, seq_id: SeqId) -> PyResult<usize> {
+        Ok(self.0.free_sequence(seq_id)?)
+    }
+
+    /// Flat cell indices page * page_size + offset of logical positions start..start+count.
+    ///
+    /// ValueError if start + count > seq_len.
+    fn slot_mapping(&self, seq_id: SeqId, start: usize, count: usize) -> PyResult<Vec<usize>> {
+        Ok(self.0.slot_mapping(seq_id, start, count)?)
+    }
+
+    /// One call per step: (concatenated slot mappings of every (seq_id, start, count) item,
+    /// each item's page table).
+    ///
+    /// Errors as slot_mapping; ValueError if the three lists differ in length.
+    fn export_step(
+        &self,
+        seq_ids: Vec<SeqId>,
+        starts: Vec<usize>,
+        counts: Vec<usize>,
+    ) -> PyResult<(Vec<usize>, Vec<Vec<PageId>>)> {
+        Ok(self.0.export_step(&seq_ids, &starts, &counts)?)
+    }
+
+    /// Cells in pages held by at least one sequence: a shared cell once, a partly used page in
+    /// full.
+    fn cells_used(&self) -> usize {
+        self.0.cells_used()
+    }
+
+    /// Cells in free pages.
+    fn cells_free(&self) -> usize {
+        self.0.cells_free()
+    }
+
+    /// Cells that removing exactly these sequences would free (pages all of whose holders are
+    /// among them). A sequence given twice counts once; KeyError for an unknown one.
+    fn cells_freed_by(&self, seq_ids: Vec<SeqId>) -> PyResult<usize> {
+        Ok(self.0.cells_freed_by(&seq_ids)?)
+    }
+
+    /// Whether n_cells more cells, rounded up to whole pages, fit in the free pages.
+    fn can_fit(&self, n_cells: usize) -> bool {
+        self.0.can_fit(n_cells)
+    }
+
+    /// How many page tables hold the page (0: free). ValueError if not in 0..n_pages.
+    fn page_refcount(&self, page: usize) -> PyResult<u32> {
+        Ok(self.0.page_refcount(page)?)
+    }
+
+    /// Check every invariant of the pool in O(pool); RuntimeError naming the broken one.
+    fn check_integrity(&self) -> PyResult<()> {
+        Ok(self.0.check_integrity()?)
+    }
+
+    /// Drop every sequence; the pool is then as if new.
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "KvPool(n_cells={}, page_size={}, cells_used={}, sequences={})",
+            self.0.n_cells(),
+            self.0.page_size(),
+            self.0.cells_used(),
+            self.0.sequences().len()
+        )
+    }
+}

@@ -1,0 +1,215 @@
+//! Reservations, token progress and the invariants checked every step.
+
+use kvpark_core::{choose_victims, Action, ParkMode, Policy, RamView};
+
+use super::{Phase, Seq, Sim};
+use crate::{Outcome, Violation};
+
+impl Sim {
+    pub(super) fn check_ram(&self) -> Result<(), Violation> {
+        let held: u64 = self.buffers.iter().sum();
+        let budget = self.cfg.planner.ram_budget.unwrap_or(u64::MAX);
+        if held > budget {
+            return self.fail(format!(
+                "park buffers hold {held} bytes, over the {budget} budget"
+            ));
+        }
+        for r in &self.reqs {
+            if r.phase == Phase::Parked(ParkMode::Swap) {
+                let bytes = r.computed_cells() as u64 * self.cfg.bytes_per_cell;
+                if self.buffers[r.slots[0] as usize] < bytes {
+                    return self.fail(format!("request {}'s buffer lost its state", r.id));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cells the scheduled rows need beyond what is free.
+    fn step_shortfall(&self) -> usize {
+        let ps = self.cfg.page_size;
+        let pages: usize = self
+            .reqs
+            .iter()
+            .filter(|r| r.phase == Phase::Running)
+            .flat_map(|r| r.seqs.iter())
+            .map(|s| self.pool.pages_needed(s.id, s.computed + s.rows).unwrap())
+            .sum();
+        (pages * ps).saturating_sub(self.pool.cells_free())
+    }
+
+    /// With the lookahead on, the step must fit unless nobody could have been parked.
+    pub(super) fn check_fits(&self) -> Result<(), Violation> {
+        if !self.cfg.planner.park_ahead || self.step_shortfall() == 0 {
+            return Ok(());
+        }
+        let running = self.running();
+        let parkable = running.iter().any(|&i| {
+            let r = &self.reqs[i];
+            !r.family() && (r.computed_cells() > 0 || r.seqs.iter().any(|s| s.rows > 0))
+        });
+        if running.len() >= 2 && parkable {
+            return self.fail(format!(
+                "the plan left the step {} cells short with a victim available",
+                self.step_shortfall()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reserves every scheduled row. A reservation that fails parks by `choose_victims`, else
+    /// fails the request with the context error.
+    pub(super) fn reserve_rows(&mut self) -> Result<(), Violation> {
+        loop {
+            let order = self.running();
+            let mut failed = None;
+            for &i in &order {
+                for s in &self.reqs[i].seqs {
+                    if self.pool.reserve(s.id, s.computed + s.rows).is_err() {
+                        failed = Some(i);
+                        break;
+                    }
+                }
+                if failed.is_some() {
+                    break;
+                }
+            }
+            let Some(i) = failed else {
+                return Ok(());
+            };
+            let views = self.views();
+            let ram = RamView {
+                slot_buffer_capacity: self.buffers.clone(),
+            };
+            let short = self.step_shortfall();
+            let actions = match choose_victims(&self.pool, &views, &ram, &self.cfg.planner, short) {
+                Ok(a) => a,
+                Err(e) => return self.fail(format!("choose_victims failed: {e}")),
+            };
+            if actions.is_empty() {
+                let r = &self.reqs[i];
+                if !r.family() && r.peak_cells(self.cfg.page_size) <= self.cfg.n_cells {
+                    let running = order.len();
+                    let families = order.iter().filter(|&&j| self.reqs[j].family()).count();
+                    if running - families > 1 {
+                        return self.fail(format!(
+                            "context error for request {}, which fits alone, beside {} others",
+                            r.id,
+                            running - 1
+                        ));
+                    }
+                }
+                self.report.fails += 1;
+                self.end(i, Outcome::ContextError);
+                continue;
+            }
+            for action in actions {
+                if matches!(action, Action::Park { .. }) {
+                    self.report.late_parks += 1;
+                }
+                self.apply(action, &mut Vec::new())?;
+            }
+            self.check_ram()?;
+        }
+    }
+
+    /// Computes the rows, samples where a sequence caught up, forks families after the prompt,
+    /// ends finished requests.
+    pub(super) fn advance(&mut self) -> Result<(), Violation> {
+        for i in self.running() {
+            let mut sampled = false;
+            for s in &mut self.reqs[i].seqs {
+                s.computed += s.rows;
+                if s.rows > 0 && s.computed == s.known {
+                    s.known += 1;
+                    s.generated += 1;
+                    sampled = true;
+                }
+                s.rows = 0;
+            }
+            if !sampled {
+                continue;
+            }
+            self.tokens += 1;
+            let r = &mut self.reqs[i];
+            r.tokens_since_resume = r.tokens_since_resume.saturating_add(1);
+            if r.family() && r.seqs.len() == 1 {
+                let parent = r.seqs[0].clone();
+                for _ in 1..r.spec.n {
+                    let child = self.new_seq();
+                    if self.pool.fork(parent.id, child).is_err() {
+                        // No page for the copy of the partly used tail: a family overflows.
+                        self.report.fails += 1;
+                        self.end(i, Outcome::ContextError);
+                        break;
+                    }
+                    self.reqs[i].seqs.push(Seq {
+                        id: child,
+                        ..parent.clone()
+                    });
+                }
+                if self.reqs[i].phase != Phase::Running {
+                    continue;
+                }
+            }
+            let r = &self.reqs[i];
+            if r.seqs.iter().all(|s| s.generated >= r.spec.output_len) {
+                self.end(i, Outcome::Finished);
+            }
+        }
+        Ok(())
+    }
+
+    /// Progress within `stall_bound` steps; the parked head resumes within `head_bound`.
+    pub(super) fn check_progress(&mut self) -> Result<(), Violation> {
+        let ended = self
+            .reqs
+            .iter()
+            .filter(|r| matches!(r.phase, Phase::Done(_)))
+            .count() as u64;
+        let progress = self.tokens + ended;
+        let active = self.reqs.iter().any(|r| match r.phase {
+            Phase::Running | Phase::Parked(_) => true,
+            Phase::Waiting => r.spec.arrival_step <= self.step,
+            Phase::Done(_) => false,
+        });
+        if !active || progress > self.last_progress {
+            self.stall = 0;
+        } else {
+            self.stall += 1;
+        }
+        self.last_progress = progress;
+        self.report.max_stall = self.report.max_stall.max(self.stall);
+        if self.stall > self.stall_bound {
+            return self.fail(format!("no progress for {} steps", self.stall));
+        }
+
+        let now = self.now_ms();
+        let head = (0..self.reqs.len())
+            .filter(|&i| matches!(self.reqs[i].phase, Phase::Parked(_)))
+            .min_by_key(|&i| {
+                let r = &self.reqs[i];
+                let parked_at = match self.cfg.planner.policy {
+                    Policy::Fcfs => 0,
+                    Policy::Cost => r.parked_at_ms.unwrap_or(now),
+                };
+                (parked_at, r.arrival, r.id)
+            });
+        self.head = match (head, self.head) {
+            (Some(h), Some((was, since))) if h == was => Some((h, since)),
+            (Some(h), _) => Some((h, self.step)),
+            (None, _) => None,
+        };
+        if let Some((h, since)) = self.head {
+            let waited = self.step - since;
+            self.report.max_head_wait = self.report.max_head_wait.max(waited);
+            if waited > self.head_bound {
+                return self.fail(format!(
+                    "head request {} parked for {waited} steps",
+                    self.reqs[h].id
+                ));
+            }
+        }
+        Ok(())
+    }
+}

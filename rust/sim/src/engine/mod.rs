@@ -1,0 +1,220 @@
+//! The simulation's state, its setup and its step loop; the steps' parts are in `rows.rs`,
+//! `actions.rs` and `checks.rs`.
+
+mod actions;
+mod checks;
+mod rows;
+
+use kvpark_core::{plan, KvPool, ParkMode, RamView, SeqId};
+
+use crate::{Outcome, Report, SimConfig, SimRequest, Violation, Workload};
+
+/// Pages needed to hold `n_cells` cells: `ceil(n_cells / page_size)`, as the pool counts them.
+fn pages_for(n_cells: usize, page_size: usize) -> usize {
+    n_cells.div_ceil(page_size)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Running,
+    Parked(ParkMode),
+    Done(Outcome),
+}
+
+#[derive(Debug, Clone)]
+struct Seq {
+    id: SeqId,
+    /// Prompt plus generated tokens.
+    known: usize,
+    /// Tokens whose cells are in the pool (`known - 1` between decode steps).
+    computed: usize,
+    generated: usize,
+    /// Rows this step.
+    rows: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    spec: SimRequest,
+    id: u64,
+    arrival: u64,
+    phase: Phase,
+    seqs: Vec<Seq>,
+    slots: Vec<u32>,
+    parks: u32,
+    parked_at_ms: Option<u64>,
+    resumed_at_ms: Option<u64>,
+    tokens_since_resume: u32,
+}
+
+impl Req {
+    fn family(&self) -> bool {
+        self.spec.n > 1
+    }
+
+    /// Cells it holds at its largest: prompt plus output but the last token (never computed).
+    /// A family's children share the prompt's full pages, each with its own tail.
+    fn peak_cells(&self, page_size: usize) -> usize {
+        let last = self.spec.prompt_len + self.spec.output_len - 1;
+        let shared = self.spec.prompt_len / page_size;
+        pages_for(last, page_size) * page_size * self.spec.n
+            - shared * page_size * (self.spec.n - 1)
+    }
+
+    fn seq_ids(&self) -> Vec<SeqId> {
+        self.seqs.iter().map(|s| s.id).collect()
+    }
+
+    fn computed_cells(&self) -> usize {
+        self.seqs.iter().map(|s| s.computed).sum()
+    }
+}
+
+pub(crate) struct Sim {
+    cfg: SimConfig,
+    pool: KvPool,
+    reqs: Vec<Req>,
+    /// Per slot: the request (index) holding it.
+    slot_owner: Vec<Option<usize>>,
+    /// Per slot: park buffer capacity.
+    buffers: Vec<u64>,
+    next_seq: SeqId,
+    step: u64,
+    report: Report,
+    head: Option<(usize, u64)>,
+    stall: u64,
+    /// Tokens sampled so far (a family's step counts once).
+    tokens: u64,
+    /// `tokens` + ended requests at the last check.
+    last_progress: u64,
+    head_bound: u64,
+    stall_bound: u64,
+}
+
+fn violation<T>(step: u64, what: String) -> Result<T, Violation> {
+    Err(Violation { step, what })
+}
+
+impl Sim {
+    pub(crate) fn new(w: &Workload) -> Result<Self, Violation> {
+        let cfg = w.config.clone();
+        let Ok(pool) = KvPool::new(cfg.n_cells, cfg.page_size) else {
+            return violation(
+                0,
+                format!("bad geometry {} / {}", cfg.n_cells, cfg.page_size),
+            );
+        };
+        let mut order: Vec<usize> = (0..w.requests.len()).collect();
+        order.sort_by_key(|&i| (w.requests[i].arrival_step, i));
+        let mut reqs: Vec<Req> = w
+            .requests
+            .iter()
+            .map(|spec| Req {
+                spec: spec.clone(),
+                id: 0,
+                arrival: 0,
+                phase: Phase::Waiting,
+                seqs: Vec::new(),
+                slots: Vec::new(),
+                parks: 0,
+                parked_at_ms: None,
+                resumed_at_ms: None,
+                tokens_since_resume: 0,
+            })
+            .collect();
+        for (rank, &i) in order.iter().enumerate() {
+            reqs[i].arrival = rank as u64;
+            // Ids run against arrival order, so a tie-break on the id cannot pass for one on
+            // the arrival.
+            reqs[i].id = 1_000_000 - rank as u64;
+        }
+        let ms = cfg.ms_per_step.max(1);
+        let p = &cfg.planner;
+        let longest = w
+            .requests
+            .iter()
+            .map(|r| r.prompt_len + r.output_len * r.n)
+            .max()
+            .unwrap_or(0) as u64;
+        let total: u64 = w
+            .requests
+            .iter()
+            .map(|r| (r.prompt_len + r.output_len * r.n) as u64)
+            .sum();
+        let head_bound = p.rotate_after_ms.div_ceil(ms)
+            + p.rotate_min_ms.div_ceil(ms)
+            + u64::from(p.rotate_min_tokens)
+            + 2 * longest
+            + 16;
+        Ok(Self {
+            slot_owner: vec![None; cfg.parallel],
+            buffers: vec![0; cfg.parallel],
+            pool,
+            reqs,
+            next_seq: 1,
+            step: 0,
+            report: Report::default(),
+            head: None,
+            stall: 0,
+            tokens: 0,
+            last_progress: 0,
+            head_bound,
+            stall_bound: head_bound + total + 16,
+            cfg,
+        })
+    }
+
+    fn fail<T>(&self, what: String) -> Result<T, Violation> {
+        violation(self.step, what)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.step * self.cfg.ms_per_step
+    }
+
+    pub(crate) fn run(mut self) -> Result<Report, Violation> {
+        loop {
+            if self.reqs.iter().all(|r| matches!(r.phase, Phase::Done(_))) {
+                self.report.steps = self.step;
+                self.report.outcomes = self
+                    .reqs
+                    .iter()
+                    .map(|r| match r.phase {
+                        Phase::Done(o) => Some(o),
+                        _ => None,
+                    })
+                    .collect();
+                return Ok(self.report);
+            }
+            self.one_step()?;
+            self.step += 1;
+        }
+    }
+
+    fn one_step(&mut self) -> Result<(), Violation> {
+        self.admit();
+        self.schedule_running();
+        let views = self.views();
+        let ram = RamView {
+            slot_buffer_capacity: self.buffers.clone(),
+        };
+        let actions = match plan(&self.pool, &views, &ram, &self.cfg.planner, self.now_ms()) {
+            Ok(a) => a,
+            Err(e) => return self.fail(format!("plan failed: {e}")),
+        };
+        let mut resumed = Vec::new();
+        for action in actions {
+            self.apply(action, &mut resumed)?;
+        }
+        self.check_ram()?;
+        self.schedule_resumed(&resumed);
+        self.check_fits()?;
+        self.reserve_rows()?;
+        self.advance()?;
+        if let Err(e) = self.pool.check_integrity() {
+            return self.fail(e.to_string());
+        }
+        self.check_progress()
+    }
+}

@@ -1,0 +1,198 @@
+"""The architecture as tests: the layers of docs/architecture.md hold, imports run in no circle (in
+Python or in the Rust core), and the rooms that promise no torch load none.
+
+Python: every runtime import inside ``python/kvpark`` (type-only imports under ``TYPE_CHECKING``
+load nothing and may name any layer's types) goes from a room to itself or to a room its entry in
+:data:`ALLOWED` names; and the module-level imports (those that run when a module is imported,
+not inside a function) form no cycle. Rust: the ``use crate::`` paths between the core crate's
+top-level modules form no cycle, ``page_table`` is a leaf, and pyo3 appears only under
+``rust/py/``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+PACKAGE = REPO / "python" / "kvpark"
+ROOT = "kvpark"  # the package's __init__ (and __main__): its own room
+# room -> the rooms it may import at run time (besides itself); the lowest rooms first
+ALLOWED: dict[str, set[str]] = {
+    "config": set(),
+    "_core": set(),
+    "core": {"_core"},
+    "sampling": {"config"},
+    "tokenizer": {"config"},
+    "model": {"tokenizer", "config", "_core", "kernels"},
+    "sched": {"sampling", "config", "core", "_core"},
+    "runner": {"sched", "model", "tokenizer", "sampling", "config", "core", "_core", "kernels"},
+    "preempt": {"sched", "model", "config", "core", "_core"},
+    "engine": {
+        "preempt", "sched", "runner", "model", "sampling", "tokenizer", "config", "core", "_core",
+    },
+    "server": {"engine", "sampling", "tokenizer", "config"},
+    "bench": {"config"},
+    "cli": {"server", "bench", "engine", "runner", "sampling", "config", "_core", ROOT},
+    ROOT: {"config", "cli"},
+}  # fmt: skip
+# modules written against the public API on purpose (docs/custom-runners.md includes it)
+PUBLIC_API_EXAMPLES = {"kvpark.runner.echo_runner": {ROOT, "core", "config", "sched"}}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {module_name(p): p for p in PACKAGE.rglob("*.py") if "kernels" not in p.parts}
+    assert len(found) > 50, f"found only {len(found)} modules under {PACKAGE}"
+    found["kvpark._core"] = PACKAGE / "_core.pyi"  # the Rust extension: imports nothing of ours
+    return found
+
+
+def imports(path: Path, known: dict[str, Path]) -> Iterator[tuple[str, bool]]:
+    """(imported kvpark module, at module level) for every runtime import in ``path``."""
+    if path.suffix == ".pyi":
+        return
+
+    def walk(node: ast.AST, top: bool) -> Iterator[tuple[str, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for stmt in child.orelse:
+                    yield from walk_one(stmt, top)
+                continue
+            yield from walk_one(child, top)
+
+    def walk_one(node: ast.AST, top: bool) -> Iterator[tuple[str, bool]]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, top
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                yield (full if full in known else node.module), top
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            yield from walk(node, False)
+        else:
+            yield from walk(node, top)
+
+    for name, top in walk(ast.parse(path.read_text()), True):
+        if name == ROOT or name.startswith(ROOT + "."):
+            yield name, top
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return ROOT if len(parts) == 1 or parts[1] == "__main__" else parts[1]
+
+
+def test_every_import_follows_the_layers() -> None:
+    known = modules()
+    wrong = []
+    for name, path in sorted(known.items()):
+        allowed = ALLOWED[room(name)] | PUBLIC_API_EXAMPLES.get(name, set())
+        for target, _ in imports(path, known):
+            if room(target) != room(name) and room(target) not in allowed:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_every_room_is_listed_and_the_layers_form_no_circle() -> None:
+    rooms = {room(m) for m in modules()} | {"kernels"}
+    assert rooms - {"kernels"} <= set(ALLOWED), f"rooms without a rule: {rooms - set(ALLOWED)}"
+    assert_acyclic({r: deps - {r} for r, deps in ALLOWED.items() if r != ROOT}, "rooms")
+
+
+def assert_acyclic(graph: dict[str, set[str]], what: str) -> None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = [*path[path.index(nxt) :], nxt]
+                raise AssertionError(f"import circle among {what}: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_module_level_imports_form_no_circle() -> None:
+    known = modules()
+    graph = {
+        name: {t for t, top in imports(path, known) if top and t in known and t != name}
+        for name, path in known.items()
+    }
+    assert_acyclic(graph, "modules")
+
+
+def test_the_checker_sees_a_circle() -> None:
+    """The control: the same check fails on a graph with a circle in it."""
+    with pytest.raises(AssertionError, match="a -> b -> c -> a"):
+        assert_acyclic({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, "modules")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["import kvpark", "import kvpark.core", "import kvpark.sched.scheduler, kvpark.sched.plan"],
+)
+def test_these_imports_load_no_torch(statement: str) -> None:
+    code = f"{statement}; import sys; print(sorted(m for m in sys.modules if m == 'torch'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"{statement} loaded torch"
+
+
+RUST = REPO / "rust"
+CORE_MODULES = ("error", "ids", "occupancy", "page_table", "planner", "pool", "py")
+USE = re.compile(r"\bcrate::(?:\{([^}]*)\}|(\w+))")
+
+
+def rust_uses(module: str) -> set[str]:
+    """The core crate's other top-level modules that ``module`` (a file or a directory) names."""
+    files = [RUST / f"{module}.rs", *sorted((RUST / module).rglob("*.rs"))]
+    used: set[str] = set()
+    for path in files:
+        if not path.is_file():
+            continue
+        for group, single in USE.findall(path.read_text()):
+            names = [n.strip().split("::")[0] for n in group.split(",")] if group else [single]
+            used |= {n for n in names if n in CORE_MODULES and n != module}
+    return used
+
+
+def test_the_rust_core_modules_form_no_circle() -> None:
+    assert (RUST / "lib.rs").is_file()
+    graph = {m: rust_uses(m) for m in CORE_MODULES}
+    assert graph["pool"], "the pool uses page tables and errors: the scan found nothing"
+    assert_acyclic(graph, "the Rust core's modules")
+    assert graph["page_table"] <= {"ids"}, "page_table.rs must stay a leaf"
+    assert "py" not in set().union(*graph.values()), "nothing in the core uses its bindings"
+
+
+def test_pyo3_appears_only_in_the_bindings() -> None:
+    outside = [
+        str(p.relative_to(REPO))
+        for p in RUST.rglob("*.rs")
+        if "pyo3" in p.read_text() and (RUST / "py") not in p.parents and p.name != "lib.rs"
+    ]
+    assert not outside, f"pyo3 outside rust/py/: {outside}"

@@ -1,0 +1,162 @@
+"""Exact mode's ops (SPEC §6): close to the reference; a row's bits independent of its neighbours.
+
+Bits are compared inside one process ("alone" against "in a batch"), never against stored values:
+golden bits differ between CPU models and BLAS versions (feasibility §3.1).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvpark.model.ops import KVCache, block_weights, chunked_attention, exact_attention
+from kvpark.model.ops.cpu_attention import NativeDecode
+from kvpark.model.ops.tiled_linear import tiled_linear
+from support.attention import PAGE, STEPS, make_step, reference, tiny_arch
+
+LINEAR_SHAPES = [(64, 96), (576, 960), (1536, 576)]  # (in, out); the last two are SmolLM2's
+ROWS = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100]
+# Exact mode's attention: the op set's own (one Rust kernel entry per row on CPU float32 pools,
+# chunk tiles otherwise), and the torch chunk tiles on their own (CUDA without Triton).
+ATTENTION = {
+    "exact": (exact_attention.prepare, exact_attention.exact_attention),
+    "chunked": (chunked_attention.prepare, chunked_attention.chunked_attention),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", LINEAR_SHAPES)
+def test_tiled_linear_rows_do_not_depend_on_their_neighbours(
+    shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    n_in, n_out = shape
+    g = torch.Generator().manual_seed(n_in)
+    weight = (torch.randn(n_out, n_in, generator=g) / n_in**0.5).to(dtype)
+    bias = torch.randn(n_out, generator=g).to(dtype)
+    probe = torch.randn(1, n_in, generator=g).to(dtype)
+    alone = tiled_linear(probe, weight, bias)
+    assert torch.allclose(alone.float(), F.linear(probe, weight, bias).float(), atol=5e-2, rtol=0)
+    for rows in ROWS:
+        for at in {0, rows // 2, rows - 1}:  # first, middle and last slot of the batch
+            x = torch.randn(rows, n_in, generator=g).to(dtype)
+            x[at] = probe[0]
+            out = tiled_linear(x, weight, bias)
+            assert out.shape == (rows, n_out)
+            assert torch.equal(out[at], alone[0]), f"row {at} of {rows} differs"
+            want = F.linear(x.float(), weight.float(), bias.float())
+            assert (out.float() - want).abs().max().item() < (
+                1e-4 if dtype == torch.float32 else 0.1
+            )
+
+
+def _pool(dtype: torch.dtype, n_kv: int, d: int, n_pages: int = 400) -> KVCache:
+    arch = tiny_arch(n_kv * 3, n_kv, d)
+    return KVCache.allocate(arch, n_pages, PAGE, dtype, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("impl", list(ATTENTION))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_exact_attention_matches_reference(step: str, dtype: torch.dtype, impl: str) -> None:
+    prepare, attend = ATTENTION[impl]
+    arch = tiny_arch(6, 2)
+    meta, cells = make_step(STEPS[step], n_pages=40, seed=len(step))
+    kv = KVCache.allocate(arch, 40, PAGE, dtype, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    for layer in (kv.k[0], kv.v[0]):
+        layer.copy_(torch.randn(layer.shape, generator=g).to(dtype))
+    q = torch.randn(meta.n_rows, 6, arch.head_dim, generator=g).to(dtype)
+    plan = prepare(meta, arch, dtype)
+    native = impl == "exact" and dtype == torch.float32
+    assert isinstance(plan, NativeDecode) == native  # the Rust kernel on CPU float32 pools
+    got = attend(q, kv.k[0], kv.v[0], plan)
+    k_flat = kv.k[0].view(-1, 2, arch.head_dim)
+    want = reference(q, k_flat, kv.v[0].view(-1, 2, arch.head_dim), meta, cells)
+    assert got.shape == q.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (got.double() - want).abs().max().item() < tol
+
+
+class Sequences:
+    """Per-sequence q, k and v at every position: a sequence's numbers are the same in any step."""
+
+    def __init__(self, n_heads: int, n_kv: int, d: int, dtype: torch.dtype, impl: str) -> None:
+        self.n_heads, self.n_kv, self.d, self.dtype = n_heads, n_kv, d, dtype
+        self.prepare, self.attention = ATTENTION[impl]
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def data(self, key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if key not in self.cache:
+            g = torch.Generator().manual_seed(1000 + key)
+            shape = (300, self.n_kv, self.d)
+            q = torch.randn(300, self.n_heads, self.d, generator=g).to(self.dtype)
+            k = torch.randn(shape, generator=g).to(self.dtype)
+            v = torch.randn(shape, generator=g).to(self.dtype)
+            self.cache[key] = (q, k, v)
+        return self.cache[key]
+
+    def attend(self, seqs: list[tuple[int, int, int]], seed: int) -> dict[int, torch.Tensor]:
+        """seqs: (key, rows, context). Returns each key's output rows [rows, heads, D]."""
+        meta, cells = make_step([(n, c) for _, n, c in seqs], n_pages=400, seed=seed)
+        kv = _pool(self.dtype, self.n_kv, self.d)
+        k_flat = kv.k[0].view(-1, self.n_kv, self.d)
+        v_flat = kv.v[0].view(-1, self.n_kv, self.d)
+        noise = torch.Generator().manual_seed(seed)
+        k_flat.copy_(torch.randn(k_flat.shape, generator=noise))  # other cells hold garbage
+        v_flat.copy_(torch.randn(v_flat.shape, generator=noise))
+        q_rows = []
+        for (key, n, ctx), seq_cells in zip(seqs, cells, strict=True):
+            q, k, v = self.data(key)
+            idx = torch.tensor(seq_cells)
+            k_flat[idx], v_flat[idx] = k[:ctx], v[:ctx]
+            q_rows.append(q[ctx - n : ctx])
+        arch = tiny_arch(self.n_heads, self.n_kv, self.d)
+        plan = self.prepare(meta, arch, self.dtype)
+        out = self.attention(torch.cat(q_rows), kv.k[0], kv.v[0], plan)
+        return {
+            key: out[meta.query_start[b] : meta.query_start[b + 1]]
+            for b, (key, _, _) in enumerate(seqs)
+        }
+
+
+@pytest.mark.parametrize("impl", list(ATTENTION))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4)])
+def test_exact_attention_rows_are_invariant(
+    dtype: torch.dtype, heads: tuple[int, int], impl: str
+) -> None:
+    s = Sequences(heads[0], heads[1], 16, dtype, impl)
+    n = 150  # crosses key chunks (64) and query tiles (16)
+    whole = s.attend([(0, n, n)], seed=1)[0]
+    rng = random.Random(3)
+    # beside neighbours (prompts and decodes, placed before and after), in any order
+    for trial in range(4):
+        others = [(k, rng.choice([1, 1, 5, 40]), rng.randint(40, 200)) for k in range(1, 5)]
+        others = [(k, min(r, c), c) for k, r, c in others]
+        seqs = [*others[:trial], (0, n, n), *others[trial:]]
+        assert torch.equal(s.attend(seqs, seed=10 + trial)[0], whole), f"trial {trial}"
+    # the prompt cut into chunks at odd places
+    for cut in (1, 15, 16, 17, 63, 64, 65, 100):
+        first = s.attend([(0, cut, cut)], seed=20)[0]
+        rest = s.attend([(9, 1, 30), (0, n - cut, n)], seed=21)[0]
+        assert torch.equal(torch.cat((first, rest)), whole), f"cut at {cut}"
+    # every row as a decode step of its own
+    for pos in (0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 149):
+        decode = s.attend([(5, 1, 77), (0, 1, pos + 1), (6, 3, 3)], seed=30 + pos)[0]
+        assert torch.equal(decode[0], whole[pos]), f"decode row {pos}"
+
+
+def test_native_exact_attention_does_not_depend_on_the_kernel_threads() -> None:
+    s = Sequences(6, 2, 16, torch.float32, "exact")
+    step = [(1, 40, 90), (0, 1, 150), (2, 7, 7)]
+    block_weights.set_threads(1)
+    one = s.attend(step, seed=4)
+    block_weights.set_threads(3)
+    try:
+        three = s.attend(step, seed=4)
+    finally:
+        block_weights.set_threads(1)
+    assert all(torch.equal(one[k], three[k]) for k in one)

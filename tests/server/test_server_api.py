@@ -1,0 +1,383 @@
+"""The OpenAI-compatible routes against a real server, with the ``openai`` client unchanged.
+
+Completions and chat (single prompt, several prompts, token ids, n), stop, seeds, logprobs, and the
+llama.cpp-style utility routes (/tokenize, /detokenize, /props, /slots, /metrics). A second server,
+with ``--served-model-name`` and a one-second stats line, checks the names the model answers to and
+what the server logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from kvpark import _core
+from kvpark.engine.stats import EngineStats
+from kvpark.runner.cpu_paths import choose
+from kvpark.server.run import PollFilter, configure_logging
+from kvpark.server.stats_log import TokenCounts, is_active, stats_line
+from support.metrics import parse_metrics
+from support.servers import SLOT_FIELDS, Server, serve_for_module
+
+MAX_TOKENS = 6
+SERVED_NAME = "kvpark-test-model"
+STATS_MARK = "kvpark.engine.stats: prompt throughput:"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from serve_for_module()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_models_lists_the_one_served_model(client: openai.OpenAI, server: Server) -> None:
+    models = client.models.list().data
+    assert len(models) == 1
+    assert models[0].object == "model"
+    assert httpx.get(f"{server.base_url}/v1/models/{models[0].id}").status_code == 200
+
+
+def test_health_is_ok_once_loaded(server: Server) -> None:
+    response = httpx.get(f"{server.base_url}/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_chat_completion(client: openai.OpenAI, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert response.usage is not None
+    assert response.usage.completion_tokens <= MAX_TOKENS
+    assert response.usage.total_tokens == (
+        response.usage.prompt_tokens + response.usage.completion_tokens
+    )
+
+
+def test_final_object_carries_timings_and_preempt(server: Server) -> None:
+    body = {"prompt": "The sky is", "max_tokens": 3, "temperature": 0}
+    data = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120).json()
+    timings = data["timings"]
+    assert timings["prompt_n"] == data["usage"]["prompt_tokens"]
+    assert timings["predicted_n"] == data["usage"]["completion_tokens"]
+    assert timings["prompt_ms"] >= 0 and timings["predicted_ms"] >= 0
+    assert data["preempt"] == {"parks": 0, "recomputes": 0}
+
+
+def test_completion_single_prompt(client: openai.OpenAI, model: str) -> None:
+    response = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert len(response.choices) == 1
+    assert response.choices[0].text
+    assert response.object == "text_completion"
+
+
+def test_completion_list_of_prompts_gives_a_choice_each(client: openai.OpenAI, model: str) -> None:
+    prompts = ["The capital of France is", "One, two, three,"]
+    response = client.completions.create(
+        model=model, prompt=prompts, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert sorted(c.index for c in response.choices) == [0, 1]
+    assert all(c.text for c in response.choices)
+    assert response.usage is not None
+    assert response.usage.completion_tokens == 8
+
+
+def test_completion_token_id_prompts(client: openai.OpenAI, model: str, server: Server) -> None:
+    tokenize = {"content": "Hello there", "add_special": True}  # as a text prompt is encoded
+    ids = httpx.post(f"{server.base_url}/tokenize", json=tokenize).json()["tokens"]
+    text_prompt = client.completions.create(
+        model=model, prompt="Hello there", max_tokens=4, temperature=0
+    )
+    one = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0)
+    assert one.choices[0].text == text_prompt.choices[0].text
+    several = client.completions.create(
+        model=model, prompt=[ids, ids[:1]], max_tokens=4, temperature=0
+    )
+    assert len(several.choices) == 2
+    assert several.usage is not None
+    assert several.usage.prompt_tokens == len(ids) + 1
+
+
+def test_n_choices_per_prompt_are_indexed_prompt_major(client: openai.OpenAI, model: str) -> None:
+    response = client.completions.create(
+        model=model, prompt=["Red", "Blue"], n=2, max_tokens=3, temperature=1.0, seed=7
+    )
+    assert sorted(c.index for c in response.choices) == [0, 1, 2, 3]
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=3
+    )
+    assert sorted(c.index for c in chat.choices) == [0, 1]
+
+
+def test_stop_string_cuts_the_output(client: openai.OpenAI, model: str) -> None:
+    prompt = "Count: 1, 2, 3, 4,"
+    full = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0)
+    text = full.choices[0].text
+    words = text.split()
+    assert len(words) >= 2, text
+    stop = words[1]
+    cut = client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_same_seed_same_text(client: openai.OpenAI, model: str) -> None:
+    def sample(seed: int) -> str:
+        response = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=MAX_TOKENS,
+            temperature=1.0,
+            seed=seed,
+        )
+        return response.choices[0].message.content or ""
+
+    assert sample(1234) == sample(1234)
+
+
+def test_chat_logprobs_shape(client: openai.OpenAI, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    logprobs = response.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert response.usage is not None
+    assert len(logprobs.content) == response.usage.completion_tokens
+    for entry in logprobs.content:
+        assert entry.logprob <= 0
+        assert entry.bytes is not None
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+
+
+def test_completion_logprobs_shape(client: openai.OpenAI, model: str) -> None:
+    response = client.completions.create(model=model, prompt="Hello", max_tokens=4, logprobs=2)
+    logprobs = response.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None and logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None and logprobs.text_offset is not None
+    n = len(logprobs.tokens)
+    assert n == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
+    assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+
+
+def test_tokenize_detokenize_round_trip(server: Server) -> None:
+    text = "Hello world, how are you?"
+    tokens = httpx.post(f"{server.base_url}/tokenize", json={"content": text}).json()["tokens"]
+    assert tokens and all(isinstance(t, int) for t in tokens)
+    back = httpx.post(f"{server.base_url}/detokenize", json={"tokens": tokens}).json()
+    assert back == {"content": text}
+    pieces = httpx.post(
+        f"{server.base_url}/tokenize", json={"content": text, "with_pieces": True}
+    ).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces) == text
+    special = httpx.post(f"{server.base_url}/tokenize", json={"content": text, "add_special": True})
+    assert special.status_code == 200
+
+
+def test_props(server: Server) -> None:
+    props = httpx.get(f"{server.base_url}/props").json()
+    assert props["pool"] == {"kv_cells": 4096, "page_size": 16, "parallel": 4}
+    assert props["exact"] is False
+    assert set(props["preempt"]) >= {
+        "enabled",
+        "ram_mib",
+        "policy",
+        "async",
+        "notices",
+        "granularity",
+    }
+    assert props["preempt"]["policy"] == "fcfs"
+    # the CPU paths follow the rule on this CPU's flags (cpu_paths.py), the same as in-process
+    want = choose(_core._cpu_features()[1], dtype="float32").describe()
+    assert props["cpu"] == want
+    assert props["cpu"]["dtype"] == "float32"
+    assert f"cpu paths ({want['isa']}): decode float32 x" in server.log()  # and the start-up log
+
+
+def test_slots(server: Server) -> None:
+    slots = httpx.get(f"{server.base_url}/slots").json()
+    assert len(slots) == 4
+    fields = SLOT_FIELDS
+    for slot in slots:
+        assert set(slot) >= fields
+        assert not (slot["is_preempted"] and slot["is_transferring"])
+
+
+METRICS = [
+    "kvpark_kv_cells_used",
+    "kvpark_kv_usage_ratio",
+    "kvpark_requests_running",
+    "kvpark_requests_waiting",
+    "kvpark_requests_preempted",
+    "kvpark_prompt_tokens_total",
+    "kvpark_generation_tokens_total",
+    'kvpark_preemptions_total{mode="swap"}',
+    'kvpark_preemptions_total{mode="recompute"}',
+    "kvpark_resumes_total",
+    "kvpark_rotations_total",
+    "kvpark_recomputed_tokens_total",
+    "kvpark_preempt_ram_bytes",
+    "kvpark_time_to_first_token_seconds_bucket",
+    "kvpark_inter_token_latency_seconds_count",
+    "kvpark_park_duration_seconds_sum",
+    "kvpark_transfer_duration_seconds_count",
+]
+
+
+def test_metrics_names_present(server: Server) -> None:
+    response = httpx.get(f"{server.base_url}/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    names = set(parse_metrics(response.text))
+    for metric in METRICS:
+        assert any(n == metric or n.startswith(metric + "{") for n in names), metric
+    assert server.metric("kvpark_prompt_tokens_total") > 0
+
+
+# -- model names and logs: a second server --------------------------------------------------------
+
+
+def access_record(path: str) -> logging.LogRecord:
+    """A record shaped as uvicorn's access logger makes one."""
+    args = ("127.0.0.1:5000", "GET", path, "1.1", 200)
+    return logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d', args, None
+    )
+
+
+def test_the_poll_filter_drops_only_health_and_metrics() -> None:
+    keep = PollFilter()
+    assert not keep.filter(access_record("/health"))
+    assert not keep.filter(access_record("/metrics?x=1"))
+    assert keep.filter(access_record("/v1/models"))
+    assert keep.filter(access_record("/healthz"))
+
+
+def test_log_health_installs_no_filter_and_reconfiguring_stacks_none() -> None:
+    root, access = logging.getLogger(), logging.getLogger("uvicorn.access")
+    saved = (root.handlers[:], root.level, access.filters[:])
+    try:
+        configure_logging("text", "info")
+        configure_logging("text", "info")
+        assert sum(isinstance(f, PollFilter) for f in access.filters) == 1
+        configure_logging("text", "info", log_health=True)
+        assert not any(isinstance(f, PollFilter) for f in access.filters)
+    finally:
+        root.handlers[:], access.filters[:] = saved[0], saved[2]
+        root.setLevel(saved[1])
+
+
+def test_the_stats_line_reads_rates_queues_usage_and_preemptions() -> None:
+    stats = EngineStats(
+        requests_running=3,
+        requests_waiting=1,
+        requests_preempted=1,
+        kv_cells_used=1536,
+        kv_cells_total=4096,
+        prompt_tokens_total=500,
+        generated_tokens_total=120,
+        preemptions_total={"swap": 3, "recompute": 1},
+    )
+    line = stats_line(stats, TokenCounts.read(stats, 12.0), TokenCounts(2.0, 100, 20))
+    assert line == (
+        "prompt throughput: 40.0 tok/s, generation throughput: 10.0 tok/s, running: 3, "
+        "waiting: 1, parked: 1, KV cache usage: 37.5%, preemptions: 4 (swap 3, recompute 1)"
+    )
+    idle = EngineStats(prompt_tokens_total=500, generated_tokens_total=120)
+    assert not is_active(idle, TokenCounts.read(idle, 0.0))
+    assert is_active(idle, TokenCounts(0.0, 500, 119))  # a token since the last line
+    assert is_active(stats, TokenCounts.read(stats, 0.0))  # requests in the engine
+
+
+@pytest.fixture(scope="module")
+def named_server() -> Iterator[Server]:
+    yield from serve_for_module("--served-model-name", SERVED_NAME, "--log-stats-interval", "1")
+
+
+def test_the_model_answers_to_default_its_file_name_and_the_served_name(
+    named_server: Server,
+) -> None:
+    file_name = httpx.get(f"{named_server.base_url}/props").json()["model"]
+    assert file_name.endswith(".gguf")
+    with named_server.client() as client:
+        assert client.get("/v1/models").json()["data"][0]["id"] == SERVED_NAME
+        for name in ("default", file_name, SERVED_NAME):
+            chat = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            response = client.post("/v1/chat/completions", json=chat)
+            assert response.status_code == 200, (name, response.text)
+            assert response.json()["model"] == SERVED_NAME
+            card = client.get(f"/v1/models/{name}")
+            assert card.status_code == 200 and card.json()["id"] == SERVED_NAME
+
+
+def test_an_unknown_model_name_is_a_404_json_error(named_server: Server) -> None:
+    with named_server.client() as client:
+        chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}
+        for response in (
+            client.post("/v1/chat/completions", json=chat),
+            client.get("/v1/models/gpt-4o"),
+        ):
+            assert response.status_code == 404
+            error = response.json()["error"]
+            assert "gpt-4o" in error["message"] and "'default'" in error["message"]
+            assert error["param"] == "model"
+
+
+def test_health_polls_and_metrics_scrapes_are_not_access_logged(named_server: Server) -> None:
+    with named_server.client() as client:
+        for _ in range(3):
+            assert client.get("/health").status_code == 200
+            assert client.get("/metrics").status_code == 200
+        assert client.post("/tokenize", json={"content": "Hi"}).status_code == 200
+    log = named_server.wait_for_log('"POST /tokenize HTTP/1.1" 200')
+    assert "GET /health" not in log and "GET /metrics" not in log
+
+
+def test_a_stats_line_is_logged_while_requests_run_and_not_when_idle(named_server: Server) -> None:
+    before = named_server.log().count(STATS_MARK)
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}
+    with named_server.client() as client:
+        assert client.post("/v1/completions", json=body).status_code == 200
+    deadline = time.monotonic() + 30
+    while named_server.log().count(STATS_MARK) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    lines = [line for line in named_server.log().splitlines() if STATS_MARK in line]
+    assert len(lines) > before, named_server.log()
+    for part in ("generation throughput:", "running:", "waiting:", "parked:", "KV cache usage:"):
+        assert part in lines[-1]
+    assert "preemptions: 0 (swap 0, recompute 0)" in lines[-1]
+    time.sleep(2.5)  # the line after the request's last tokens, then idle: no more lines
+    idle_count = named_server.log().count(STATS_MARK)
+    time.sleep(2.5)
+    assert named_server.log().count(STATS_MARK) == idle_count

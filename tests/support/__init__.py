@@ -1,0 +1,14 @@
+"""Helpers the test files share (tests/conftest.py puts tests/ on sys.path; pyproject's pytest
+``pythonpath`` names it too, so ``import support`` works whichever test runs first).
+
+- ``servers``: the one way to start a real ``kvpark serve`` and wait for ``/health``;
+- ``metrics``: the one Prometheus text parser, on ``prometheus_client``'s own;
+- ``sse``: SSE lines and data objects of a streamed response;
+- ``preempt_server``: streams, watchers and checks for the preemption scenarios over HTTP;
+- ``preempt``: a fake asynchronous copier, and the engine's "nothing left behind" check;
+- ``scripted``: a scripted event source and response builder for SSE framing without an engine;
+- ``tiny_model`` / ``attention``: random tiny models and attention steps for op and kernel tests;
+- ``hf_runner``: a custom runner on transformers' Llama, written against the public protocol.
+
+conftest.py registers this package for pytest's assertion rewriting, as if it were test code.
+"""
