@@ -5,7 +5,7 @@
     asyncio side (any loop)                 engine thread (single owner of the pool)
     generate() ── inbox: add/abort ───────► drain inbox → step() → events
         ▲                                        │
-        └──── per-request asyncio.Queue ◄────────┘ loop.call_soon_threadsafe(put, events)
+        └──── per-request asyncio.Queue ◄────────┘ one loop.call_soon_threadsafe a step
 
 Closing a ``generate()`` iterator early (client gone, cancellation) aborts the request, which frees
 its cells at the start of the engine's next step.
@@ -43,6 +43,7 @@ log = logging.getLogger("kvpark.engine.llm_engine")
 IDLE_WAIT_S = 0.5
 
 _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
+_Delivery = tuple["asyncio.Queue[list[StreamEvent]]", list[StreamEvent]]
 _Add = tuple[str, list[int], SamplingParams]
 
 
@@ -283,10 +284,21 @@ class AsyncEngine:
         return failed
 
     def _dispatch(self, events: dict[str, list[StreamEvent]]) -> None:
+        """Hand one step's events to their streams: one wake-up of each event loop per step, not
+        one per request (each wake-up is a write to the loop's self-pipe and a turn of it)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
         for request_id, batch in events.items():
             target = self._streams.get(request_id)
             if target is None:
                 continue  # the client is gone; its abort is already queued
             loop, q = target
+            by_loop.setdefault(loop, []).append((q, batch))
+        for loop, deliveries in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that event loop is closed
-                loop.call_soon_threadsafe(q.put_nowait, batch)
+                loop.call_soon_threadsafe(_deliver, deliveries)
+
+
+def _deliver(deliveries: list[_Delivery]) -> None:
+    """On the event loop: each stream's batch into its queue."""
+    for q, batch in deliveries:
+        q.put_nowait(batch)

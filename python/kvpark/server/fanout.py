@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -47,7 +48,10 @@ class FanIn:
         self._jobs = list(zip(prompts, params, strict=True))
         self._request_id = request_id
         self._rejected = rejected
-        self._queue: asyncio.Queue[PromptEvent | None] = asyncio.Queue()
+        # events of every prompt in arrival order (None: a prompt's stream ended), and the future
+        # a waiting reader sleeps on: a plain future, not a Task per wait
+        self._items: deque[PromptEvent | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running = 0
 
@@ -74,42 +78,47 @@ class FanIn:
     async def next(self, timeout: float | None) -> PromptEvent | Timeout | End:
         """The next event of any prompt; ``"timeout"`` after ``timeout`` s; ``"end"`` at the end."""
         while True:
-            if self._running == 0 and self._queue.empty():
+            if self._running == 0 and not self._items:
                 return "end"
             item = await self._get(timeout)
             if item == "timeout" or item is not None:
                 return item
             self._running -= 1
 
+    def _put(self, item: PromptEvent | None) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     async def _get(self, timeout: float | None) -> PromptEvent | Timeout | None:
         # Not asyncio.wait_for: before Python 3.12 it returns the result instead of raising when
-        # it is cancelled just as the queue delivers, and a lost cancellation after a disconnect
-        # would keep an endless stream running.
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        getter = asyncio.ensure_future(self._queue.get())
-        try:
-            done, _ = await asyncio.wait({getter}, timeout=timeout)
-        finally:
-            if not getter.done():
-                getter.cancel()  # a cancelled Queue.get leaves its item in the queue
-        return getter.result() if done else "timeout"
+        # it is cancelled just as an item arrives, and a lost cancellation after a disconnect
+        # would keep an endless stream running. A cancelled wait leaves every item in place.
+        if not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait({self._waiter}, timeout=timeout)
+            finally:
+                self._waiter = None
+            if not self._items:
+                return "timeout"
+        return self._items.popleft()
 
     async def _pump(self, prompt: int, ids: list[int], params: SamplingParams) -> None:
         stream = self._generate(ids, params, self.engine_request_id(prompt))
         try:
             async for event in stream:
-                self._queue.put_nowait(PromptEvent(prompt, event))
+                self._put(PromptEvent(prompt, event))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._queue.put_nowait(PromptEvent(prompt, self._as_error(exc)))
+            self._put(PromptEvent(prompt, self._as_error(exc)))
         finally:
             try:  # aclose() runs the generator's own cleanup, which aborts the engine request
                 if isinstance(stream, AsyncGenerator):
                     await stream.aclose()
             finally:
-                self._queue.put_nowait(None)
+                self._put(None)
 
     def _as_error(self, exc: Exception) -> ErrorEvent:
         if self._rejected is not None and isinstance(exc, self._rejected):
