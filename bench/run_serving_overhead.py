@@ -78,8 +78,8 @@ def main() -> int:
         concurrency=(args.concurrency,), requests_per_level=args.requests,
         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, timeout_s=900.0,
     )  # fmt: skip
-    cmd = [sys.executable, "-m", "kvpark", "serve", "--host", "127.0.0.1", "--port",
-           str(args.port), "--model", model, "--threads", str(args.threads), *args.kvpark_arg]  # fmt: skip
+    cmd = [sys.executable, "-m", "kvpark", "serve", "--host", "127.0.0.1", "--port"]
+    cmd += [str(args.port), "--model", model, "--threads", str(args.threads), *args.kvpark_arg]
     url = f"http://127.0.0.1:{args.port}"
     figures: dict[str, list[float]] = {"in_process": [], "server": []}
     for repeat in range(args.repeats):
