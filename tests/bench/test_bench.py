@@ -12,14 +12,12 @@ import importlib.util
 import json
 import math
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -38,7 +36,7 @@ from kvpark.bench.report import (
 )
 from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.workload import WorkloadConfig, build_requests
-from support.servers import free_port, serving
+from support.servers import app_in_thread, free_port, serving
 
 
 def test_workload_is_determined_by_seed() -> None:
@@ -169,19 +167,8 @@ def fake_server() -> Iterator[str]:
             Route("/v1/completions", _completions, methods=["POST"]),
         ]
     )
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "the fake server did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with app_in_thread(app) as url:
+        yield url
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

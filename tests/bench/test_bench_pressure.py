@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -47,7 +46,7 @@ from kvpark.bench.pressure_goals import (
 )
 from kvpark.bench.report import percentile, request_record, summarize_level, write_json
 from kvpark.bench.scrape import metrics_delta, parse_metrics
-from support.servers import Server, launch_server, stop_server, wait_healthy
+from support.servers import Server, app_in_thread, launch_server, stop_server, wait_healthy
 
 METRICS_PAGE = """# HELP kvpark_preemptions_total Parks by mode
 # TYPE kvpark_preemptions_total counter
@@ -320,20 +319,8 @@ def _fake_app(counters: _FakeCounters) -> Starlette:
 @contextlib.contextmanager
 def fake_server() -> Iterator[tuple[str, _FakeCounters]]:
     counters = _FakeCounters()
-    config = uvicorn.Config(_fake_app(counters), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "the fake server did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", counters
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with app_in_thread(_fake_app(counters)) as url:
+        yield url, counters
 
 
 def test_cli_pressure_scenario_against_fake_server(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
+from starlette.types import ASGIApp
 
 import kvpark
 from support.metrics import scrape
@@ -209,3 +212,21 @@ def serve_for_module(
         yield server
     finally:
         stop_server(server)
+
+
+@contextlib.contextmanager
+def app_in_thread(app: ASGIApp) -> Iterator[str]:
+    """An ASGI app (a fake server) on uvicorn in a thread, on a free port; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "the fake server did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
