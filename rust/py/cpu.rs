@@ -78,9 +78,9 @@ pub(super) fn _blockmm_q8(
 }
 
 /// Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
-/// [cells, kv_heads, head_dim] f32 (n_kv_values each), cells [seqs, stride] i64, context and
-/// rows [seqs] i64, out like q (only the sequences' rows written). Private: see
-/// kvpark.model.ops.cpu_attention, which checks the tensors behind the addresses.
+/// [cells, kv_heads, head_dim] f32, or bf16 with kv_bf16 (n_kv_values each), cells [seqs,
+/// stride] i64, context and rows [seqs] i64, out like q (only the sequences' rows written). See
+/// kvpark.model.ops.cpu_attention (private), which checks the tensors behind the addresses.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn _decode_attention(
@@ -90,6 +90,7 @@ pub(super) fn _decode_attention(
     k: usize,
     v: usize,
     n_kv_values: usize,
+    kv_bf16: bool,
     cells: usize,
     seqs: usize,
     stride: usize,
@@ -104,8 +105,8 @@ pub(super) fn _decode_attention(
     let (q, k, v, cells, context, rows, out) = unsafe {
         (
             std::slice::from_raw_parts(q as *const f32, n_q_values),
-            std::slice::from_raw_parts(k as *const f32, n_kv_values),
-            std::slice::from_raw_parts(v as *const f32, n_kv_values),
+            kv_values(k, n_kv_values, kv_bf16),
+            kv_values(v, n_kv_values, kv_bf16),
             std::slice::from_raw_parts(cells as *const i64, seqs * stride),
             std::slice::from_raw_parts(context as *const i64, seqs),
             std::slice::from_raw_parts(rows as *const i64, seqs),
@@ -179,4 +180,14 @@ pub(super) fn _cpu_features(py: Python<'_>) -> PyResult<(Py<PyDict>, Py<PyDict>)
         Ok(d.unbind())
     };
     Ok((as_dict(Features::detect())?, as_dict(effective())?))
+}
+
+/// # Safety
+/// `at` is the address of `n` live values of the kind `bf16` names.
+unsafe fn kv_values<'a>(at: usize, n: usize, bf16: bool) -> kvpark_cpu_ops::KvValues<'a> {
+    if bf16 {
+        kvpark_cpu_ops::KvValues::Bf16(std::slice::from_raw_parts(at as *const u16, n))
+    } else {
+        kvpark_cpu_ops::KvValues::F32(std::slice::from_raw_parts(at as *const f32, n))
+    }
 }

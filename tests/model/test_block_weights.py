@@ -113,7 +113,8 @@ def greedy_dense_and_blocks() -> dict[str, list[kvpark.RequestOutput]]:
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=1)
     out = {}
     for weights in ("dense", "blocks"):
-        llm = kvpark.LLM(dtype="float32", weights=weights, kv_cells=2048)
+        # float32 cells: a bf16 pool rounds each path's K and V, which would blur what is compared
+        llm = kvpark.LLM(dtype="float32", weights=weights, kv_cells=2048, kv_dtype="float32")
         out[weights] = llm.generate(PROMPTS, params)
     return out
 

@@ -70,8 +70,8 @@ def test_exact_attention_matches_reference(step: str, dtype: torch.dtype, impl: 
         layer.copy_(torch.randn(layer.shape, generator=g).to(dtype))
     q = torch.randn(meta.n_rows, 6, arch.head_dim, generator=g).to(dtype)
     plan = prepare(meta, arch, dtype)
-    native = impl == "exact" and dtype == torch.float32
-    assert isinstance(plan, NativeDecode) == native  # the Rust kernel on CPU float32 pools
+    native = impl == "exact"  # the Rust kernel on CPU float32 and bfloat16 pools
+    assert isinstance(plan, NativeDecode) == native
     got = attend(q, kv.k[0], kv.v[0], plan)
     k_flat = kv.k[0].view(-1, 2, arch.head_dim)
     want = reference(q, k_flat, kv.v[0].view(-1, 2, arch.head_dim), meta, cells)

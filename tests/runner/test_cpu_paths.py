@@ -16,7 +16,9 @@ import torch
 
 import kvpark
 from kvpark import SamplingParams, _core
+from kvpark.model.ops import cpu_attention
 from kvpark.runner.cpu_paths import PROMPT_MIN_ROWS, choose
+from kvpark.runner.torch_runner import TorchRunner
 
 AVX512_BF16 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": True}
 AVX512 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": False}
@@ -48,8 +50,10 @@ def test_the_rule_on_each_cpu_family(
     exact = choose(features, exact=True)
     assert exact.blocks == blocks and exact.prompt_dtype is None  # one arithmetic
     assert choose(features, prompt_path="same").prompt_dtype is None  # the off switch
+    assert paths.kv_dtype == "bfloat16"  # 16-bit cells wherever greedy tokens hold (below)
+    assert choose(features, kv_dtype="float32").kv_dtype == "float32"
     shown = paths.describe()
-    assert shown["isa"] == features["isa"]
+    assert shown["isa"] == features["isa"] and shown["kv_dtype"] == "bfloat16"
     assert shown["prompt_min_rows"] == (PROMPT_MIN_ROWS if prompt else None)
 
 
@@ -64,6 +68,9 @@ def test_explicit_choices_win_or_are_refused() -> None:
         choose(AVX2, prompt_path="float32", exact=True)
     with pytest.raises(ValueError, match="prompt path"):
         choose(AVX2, prompt_path="fast")
+    with pytest.raises(ValueError, match="KV dtype"):
+        choose(AVX2, kv_dtype="int8")
+    assert choose(AVX2, dtype="float16").kv_dtype == "float16"
 
 
 def features_under(cap: str) -> dict[str, object]:
@@ -170,3 +177,46 @@ def test_greedy_tokens_do_not_change_beside_a_dense_prompt_chunk() -> None:
     long_prompt = "The river runs to the sea and the sea runs to the sky. " * 40
     both = [o.token_ids for o in llm.generate([*short, long_prompt], params)][:2]
     assert both == alone and all(len(t) == 24 for t in alone)
+
+
+@pytest.fixture(scope="module")
+def greedy_by_kv_dtype() -> dict[str, list[list[int]]]:
+    torch.set_num_threads(1)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    out = {}
+    for kv_dtype in ("float32", "bfloat16"):
+        llm = kvpark.LLM(kv_dtype=kv_dtype, threads=1, kv_cells=1024)
+        runner = llm.engine.runner
+        assert isinstance(runner, TorchRunner)
+        assert runner.kv.k[0].dtype == getattr(torch, kv_dtype)
+        out[kv_dtype] = [o.token_ids for o in llm.chat(chats, params)]
+        out[f"{kv_dtype} bytes"] = [[runner.bytes_per_cell()]]
+    return out
+
+
+def test_a_bf16_pool_keeps_float32s_greedy_tokens_in_half_the_bytes(
+    greedy_by_kv_dtype: dict[str, list[list[int]]],
+) -> None:
+    """The rule's condition for the bf16 pool to be the default: the parity prompts' greedy tokens
+    equal the float32 pool's for 32 tokens; and each cell takes half the bytes."""
+    want = greedy_by_kv_dtype["float32"]
+    assert all(len(t) == 32 for t in want)
+    assert greedy_by_kv_dtype["bfloat16"] == want
+    assert (
+        2 * greedy_by_kv_dtype["bfloat16 bytes"][0][0] == greedy_by_kv_dtype["float32 bytes"][0][0]
+    )
+
+
+def test_decode_attention_reads_a_bf16_pool_as_its_values_widened() -> None:
+    """The kernel widens each bf16 value exactly: the same bits as a float32 pool holding them."""
+    g = torch.Generator().manual_seed(11)
+    pool = torch.randn(4, 16, 3, 64, generator=g).to(torch.bfloat16)  # [pages, page, kv, d]
+    k16, v16 = pool, torch.randn(pool.shape, generator=g).to(torch.bfloat16)
+    q = torch.randn(5, 6, 64, generator=g)  # 5 rows, 6 heads sharing 3 KV heads
+    cells = torch.randperm(64, generator=g)[:40].view(5, 8)
+    p = cpu_attention.plan(cells, list(range(5)), [8, 3, 5, 1, 7], [4, 0, 1, 3, 2])
+    narrow, wide = torch.zeros_like(q), torch.zeros_like(q)
+    cpu_attention.decode(q, k16, v16, p, narrow)
+    cpu_attention.decode(q, k16.float(), v16.float(), p, wide)
+    assert torch.equal(narrow, wide) and narrow.abs().sum() > 0

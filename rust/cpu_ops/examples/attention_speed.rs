@@ -1,6 +1,6 @@
 //! Times paged decode attention at the default model's shapes (9 heads, 3 KV heads, 64 dims):
 //! `cargo run --release -p kvpark-cpu-ops --example attention_speed`.
-use kvpark_cpu_ops::{decode_attention, set_threads, DecodeAttention};
+use kvpark_cpu_ops::{decode_attention, set_threads, DecodeAttention, KvValues};
 use std::time::Instant;
 
 fn main() {
@@ -23,8 +23,8 @@ fn main() {
             let mut out = vec![0.0f32; q.len()];
             let a = DecodeAttention {
                 q: &q,
-                k: &k,
-                v: &v,
+                k: KvValues::F32(&k),
+                v: KvValues::F32(&v),
                 cells: &cells,
                 stride: ctx,
                 context: &context,

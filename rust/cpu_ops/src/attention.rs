@@ -9,14 +9,51 @@
 use crate::threads::{parallel, Output};
 use crate::ShapeError;
 
+/// The pool's K or V values: f32, or bf16 (the upper half of an f32's bits, widened exactly by a
+/// shift), `[cells, kv_heads, head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub enum KvValues<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl KvValues<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvValues::F32(x) => x.len(),
+            KvValues::Bf16(x) => x.len(),
+        }
+    }
+}
+
+/// One stored K or V value, widened to f32 where it is used.
+trait KvElem: Copy {
+    fn widen(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for u16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits((self as u32) << 16)
+    }
+}
+
 /// One step's decode rows and where their cells lie.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeAttention<'a> {
     /// `[rows, heads, head_dim]`: the step's query rows (rope applied).
     pub q: &'a [f32],
-    /// `[cells, kv_heads, head_dim]` each: the whole pool, this step's K and V already stored.
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    /// `[cells, kv_heads, head_dim]` each: the whole pool, this step's K and V already stored;
+    /// both of one kind.
+    pub k: KvValues<'a>,
+    pub v: KvValues<'a>,
     /// `[seqs, stride]`: each sequence's cells in logical order (entries past its context unused).
     pub cells: &'a [i64],
     pub stride: usize,
@@ -48,8 +85,14 @@ impl DecodeAttention<'_> {
         }
         let n_rows = self.q.len() / row;
         let cell = kv * d;
-        if self.k.len() != self.v.len() || self.k.len() % cell != 0 {
-            return Err(bad(format!("K and V must be whole cells of {cell} values")));
+        let same_kind = matches!(
+            (self.k, self.v),
+            (KvValues::F32(_), KvValues::F32(_)) | (KvValues::Bf16(_), KvValues::Bf16(_))
+        );
+        if !same_kind || self.k.len() != self.v.len() || self.k.len() % cell != 0 {
+            return Err(bad(format!(
+                "K and V must be whole cells of {cell} values, of one kind"
+            )));
         }
         let n_cells = self.k.len() / cell;
         let seqs = self.rows.len();
@@ -92,11 +135,21 @@ pub fn decode_attention(a: DecodeAttention<'_>, out: &mut [f32]) -> Result<(), S
     parallel(tasks, work, &|range| {
         let mut scratch = Vec::new();
         for task in range {
-            if simd {
+            match (a.k, a.v, simd) {
                 // SAFETY: AVX2 and FMA are present (checked by avx2::available).
-                unsafe { task_avx2(&a, task, &out, &mut scratch) }
-            } else {
-                task_plain(&a, task, &out, &mut scratch)
+                (KvValues::F32(k), KvValues::F32(v), true) => unsafe {
+                    task_avx2(&a, k, v, task, &out, &mut scratch)
+                },
+                (KvValues::Bf16(k), KvValues::Bf16(v), true) => unsafe {
+                    task_avx2(&a, k, v, task, &out, &mut scratch)
+                },
+                (KvValues::F32(k), KvValues::F32(v), false) => {
+                    one_task(&a, k, v, task, &out, &mut scratch)
+                }
+                (KvValues::Bf16(k), KvValues::Bf16(v), false) => {
+                    one_task(&a, k, v, task, &out, &mut scratch)
+                }
+                _ => unreachable!("check() refuses K and V of two kinds"),
             }
         }
     });
@@ -105,22 +158,40 @@ pub fn decode_attention(a: DecodeAttention<'_>, out: &mut [f32]) -> Result<(), S
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, s: &mut Vec<f32>) {
-    one_task(a, task, out, s)
+unsafe fn task_avx2<T: KvElem>(
+    a: &DecodeAttention<'_>,
+    k: &[T],
+    v: &[T],
+    task: usize,
+    out: &Output<'_>,
+    s: &mut Vec<f32>,
+) {
+    one_task(a, k, v, task, out, s)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn task_avx2(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, s: &mut Vec<f32>) {
-    one_task(a, task, out, s)
+unsafe fn task_avx2<T: KvElem>(
+    a: &DecodeAttention<'_>,
+    k: &[T],
+    v: &[T],
+    task: usize,
+    out: &Output<'_>,
+    s: &mut Vec<f32>,
+) {
+    one_task(a, k, v, task, out, s)
 }
 
-fn task_plain(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, s: &mut Vec<f32>) {
-    one_task(a, task, out, s)
-}
-
-/// Sequence `task / kv_heads`, KV head `task % kv_heads`: its `group` query heads.
+/// Sequence `task / kv_heads`, KV head `task % kv_heads`: its `group` query heads. The same
+/// arithmetic for f32 and bf16 values: each is widened to f32 (exactly) where it is read.
 #[inline(always)]
-fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut Vec<f32>) {
+fn one_task<T: KvElem>(
+    a: &DecodeAttention<'_>,
+    k_all: &[T],
+    v_all: &[T],
+    task: usize,
+    out: &Output<'_>,
+    scores: &mut Vec<f32>,
+) {
     let (kv, d) = (a.kv_heads, a.head_dim);
     let group = a.heads / kv;
     let (b, g) = (task / kv, task % kv);
@@ -135,9 +206,9 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
     let (scores, acc) = scores.split_at_mut(group * ctx);
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            prefetch_row(a.k, (ahead as usize * kv + g) * d, d);
+            prefetch_row(k_all, (ahead as usize * kv + g) * d, d);
         }
-        let k = &a.k[(cell as usize * kv + g) * d..][..d];
+        let k = &k_all[(cell as usize * kv + g) * d..][..d];
         for j in 0..group {
             scores[j * ctx + c] = dot(&a.q[q_at(j)..][..d], k) * scale;
         }
@@ -155,13 +226,13 @@ fn one_task(a: &DecodeAttention<'_>, task: usize, out: &Output<'_>, scores: &mut
     }
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            prefetch_row(a.v, (ahead as usize * kv + g) * d, d);
+            prefetch_row(v_all, (ahead as usize * kv + g) * d, d);
         }
-        let v = &a.v[(cell as usize * kv + g) * d..][..d];
+        let v = &v_all[(cell as usize * kv + g) * d..][..d];
         for j in 0..group {
             let p = scores[j * ctx + c];
             for (o, x) in acc[j * d..(j + 1) * d].iter_mut().zip(v) {
-                *o += p * x;
+                *o += p * x.widen();
             }
         }
     }
@@ -178,12 +249,13 @@ const PREFETCH_CELLS: usize = 6;
 
 /// Asks for the cache lines of `values[at..at + len]`; a no-op off x86-64.
 #[inline(always)]
-fn prefetch_row(values: &[f32], at: usize, len: usize) {
+fn prefetch_row<T>(values: &[T], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let row = &values[at..at + len];
-        for line in (0..len).step_by(16) {
+        let per_line = 64 / std::mem::size_of::<T>();
+        for line in (0..len).step_by(per_line) {
             // SAFETY: the address lies inside `row`, and a prefetch never faults anyway.
             unsafe { _mm_prefetch(row.as_ptr().add(line) as *const i8, _MM_HINT_T0) };
         }
@@ -193,18 +265,18 @@ fn prefetch_row(values: &[f32], at: usize, len: usize) {
 }
 
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x * y.widen())
         .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
-            lanes[i] += x[i] * y[i];
+            lanes[i] += x[i] * y[i].widen();
         }
     }
     lanes.iter().sum::<f32>() + tail

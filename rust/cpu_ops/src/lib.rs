@@ -29,7 +29,7 @@ mod norm;
 mod plain;
 mod threads;
 
-pub use attention::{decode_attention, DecodeAttention};
+pub use attention::{decode_attention, DecodeAttention, KvValues};
 pub use norm::rms_norm;
 pub use threads::set_threads;
 

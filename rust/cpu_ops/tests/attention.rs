@@ -1,7 +1,7 @@
 //! Paged decode attention against a float64 softmax over the same cells, over random pools,
 //! cell orders, contexts, head groupings and thread counts; and its argument checks.
 
-use kvpark_cpu_ops::{decode_attention, set_threads, DecodeAttention};
+use kvpark_cpu_ops::{decode_attention, set_threads, DecodeAttention, KvValues};
 use proptest::prelude::*;
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -36,7 +36,7 @@ proptest! {
         let q: Vec<f32> = (0..seqs * heads * d).map(|_| lcg(&mut s)).collect();
         set_threads(threads);
         let mut out = vec![f32::NAN; q.len()];
-        let a = DecodeAttention { q: &q, k: &k, v: &v, cells: &cells, stride: max_ctx, context: &context, rows: &rows, heads, kv_heads: kv, head_dim: d };
+        let a = DecodeAttention { q: &q, k: KvValues::F32(&k), v: KvValues::F32(&v), cells: &cells, stride: max_ctx, context: &context, rows: &rows, heads, kv_heads: kv, head_dim: d };
         decode_attention(a, &mut out).unwrap();
         for b in 0..seqs {
             let row = rows[b] as usize;
@@ -59,6 +59,34 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn a_bf16_pool_gives_the_bits_of_its_values_widened(
+        seqs in 1usize..5, kv in 1usize..3, group in 1usize..3, max_ctx in 1usize..30,
+        threads in 1usize..3, seed: u64,
+    ) {
+        let (d, heads, mut s) = (64usize, kv * group, seed);
+        let n_cells = seqs * max_ctx + 1;
+        let half = |s: &mut u64| (lcg(s).to_bits() >> 16) as u16;
+        let k16: Vec<u16> = (0..n_cells * kv * d).map(|_| half(&mut s)).collect();
+        let v16: Vec<u16> = (0..n_cells * kv * d).map(|_| half(&mut s)).collect();
+        let widen = |x: &Vec<u16>| x.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect::<Vec<f32>>();
+        let (k32, v32) = (widen(&k16), widen(&v16));
+        let cells: Vec<i64> = (0..(seqs * max_ctx) as i64).rev().collect();
+        let context: Vec<i64> = (0..seqs).map(|b| 1 + ((b + seed as usize) % max_ctx) as i64).collect();
+        let rows: Vec<i64> = (0..seqs as i64).collect();
+        let q: Vec<f32> = (0..seqs * heads * d).map(|_| lcg(&mut s)).collect();
+        set_threads(threads);
+        let run = |k: KvValues<'_>, v: KvValues<'_>| {
+            let mut out = vec![0.0f32; q.len()];
+            let a = DecodeAttention { q: &q, k, v, cells: &cells, stride: max_ctx, context: &context, rows: &rows, heads, kv_heads: kv, head_dim: d };
+            decode_attention(a, &mut out).unwrap();
+            out
+        };
+        let narrow = run(KvValues::Bf16(&k16), KvValues::Bf16(&v16));
+        let wide = run(KvValues::F32(&k32), KvValues::F32(&v32));
+        prop_assert!(narrow.iter().zip(&wide).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
 }
 
 #[test]
@@ -66,8 +94,8 @@ fn bad_arguments_are_refused() {
     let (q, k, v) = (vec![0.0; 8], vec![0.0; 16], vec![0.0; 16]);
     let base = DecodeAttention {
         q: &q,
-        k: &k,
-        v: &v,
+        k: KvValues::F32(&k),
+        v: KvValues::F32(&v),
         cells: &[0, 1],
         stride: 2,
         context: &[2],

@@ -212,6 +212,8 @@ def paged_attention(
         else:  # [B, Q, kv, group, D] -> [B, kv, group * Q, D]
             qf = qg.view(b, lq, n_kv, group, head_dim).permute(0, 2, 3, 1, 4)
             qf = qf.reshape(b, n_kv, group * lq, head_dim)
+        if k.dtype != qf.dtype:  # a 16-bit pool under float32 activations (--kv-dtype)
+            k, v = k.to(qf.dtype), v.to(qf.dtype)
         o = F.scaled_dot_product_attention(qf, k, v, attn_mask=g.mask)
         if lq > 1:  # back to [B * Q, heads, D]
             o = o.view(b, n_kv, group, lq, head_dim).permute(0, 3, 1, 2, 4)

@@ -4,7 +4,8 @@ The torch path (``attention.py``) gathers every decode sequence's cells into a p
 ``index_select`` and then runs SDPA: at 8 decoding chats that gather was the largest op of a
 step. The Rust kernel reads each cell's K and V where it lies, through the sequence's cell list,
 for all decode rows of a step in one call, split over the CPU kernel threads. Prompt rows keep the
-torch path. Float32 pools only; ``attention.prepare`` picks this path by itself. Exact mode sends
+torch path. Float32 and bfloat16 pools (a bf16 value is widened exactly where it is read);
+``attention.prepare`` picks this path by itself. Exact mode sends
 every row through it, prompt rows as entries of their own (``plan_rows``).
 """
 
@@ -30,7 +31,7 @@ class NativeDecode:
 
 
 def usable(device: torch.device, kv_dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and kv_dtype == torch.float32
+    return device.type == "cpu" and kv_dtype in (torch.float32, torch.bfloat16)
 
 
 def plan(cell_index: Tensor, seqs: list[int], context: list[int], rows: list[int]) -> NativeDecode:
@@ -70,12 +71,24 @@ def plan_rows(meta: AttentionMetadata) -> NativeDecode:
 
 def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, p: NativeDecode, out: Tensor) -> None:
     """out[rows] = attention of q[rows] [T, heads, D] over each sequence's cells of k_cache,
-    v_cache [pages, page_size, kv_heads, D]; the other rows of ``out`` are left alone."""
+    v_cache [pages, page_size, kv_heads, D]; the other rows of ``out`` are left alone. The kernel
+    computes in float32: queries of another dtype (a bf16 model) are widened, each row on its
+    own, and its rows of ``out`` rounded back."""
+    if q.dtype != torch.float32:
+        wide = out.float()
+        decode(q.float(), k_cache, v_cache, p, wide)
+        out.index_copy_(0, p.rows, wide.index_select(0, p.rows).to(out.dtype))
+        return
     heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[2]
     for t in (q, k_cache, v_cache, out):
-        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError("CPU decode attention takes contiguous float32 CPU tensors")
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("CPU decode attention takes contiguous CPU tensors")
+    kv_dtype = k_cache.dtype
+    if out.dtype != torch.float32 or v_cache.dtype != kv_dtype:
+        raise ValueError("CPU decode attention takes float32 queries and one K/V dtype")
+    if kv_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"CPU decode attention reads float32 or bfloat16 pools, not {kv_dtype}")
     if out.shape != q.shape or k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
         raise ValueError(f"shapes q {tuple(q.shape)}, K {tuple(k_cache.shape)} do not fit")
     _core._decode_attention(
@@ -84,6 +97,7 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, p: NativeDecode, out: Te
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         k_cache.numel(),
+        kv_dtype == torch.bfloat16,
         p.cells.data_ptr(),
         p.cells.shape[0],
         p.cells.shape[1],
