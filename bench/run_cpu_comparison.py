@@ -47,6 +47,13 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags() -> dict[str, bool | str]:
+    """The flags that pick kvpark's CPU paths (avx2, avx512f, avx512_bf16, avx512_vnni, ...)."""
+    from kvpark import _core
+
+    return _core._cpu_features()[0]
+
+
 def servers(args: argparse.Namespace) -> list[tuple[str, list[str], str]]:
     """(label, command, readiness path) of every server to measure, in order."""
     out = []

@@ -23,7 +23,7 @@ from kvpark.bench import BenchOptions, RunResult, Target, run
 from kvpark.bench.compare import compare, format_comparison, payload
 from kvpark.bench.report import format_table, write_json, write_plot
 from peer_llamacpp import managed_server
-from run_cpu_comparison import cpu_name, default_model
+from run_cpu_comparison import cpu_flags, cpu_name, default_model
 
 NORMAL, EXACT = "kvpark normal", "kvpark exact"
 GOAL_AT_8 = 0.8
@@ -66,7 +66,12 @@ def main() -> int:
     at_8 = ratios.get("levels", {}).get("8", {}).get("aggregate_tok_s")
     goal = {"ratio_at_8": at_8, "target": GOAL_AT_8, "met": at_8 is not None and at_8 >= GOAL_AT_8}
     meta: dict[str, Any] = {
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.platform()},
+        "machine": {
+            "cpu": cpu_name(),
+            "flags": cpu_flags(),
+            "cores": os.cpu_count(),
+            "system": platform.platform(),
+        },
         "model_file": model,
         "load_average_1m": load,
         "commands": commands,

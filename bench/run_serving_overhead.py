@@ -25,10 +25,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kvpark
 from kvpark.bench import BenchOptions, Target, run
+from kvpark.bench.report import pyplot
 from kvpark.bench.workload import build_requests
 from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from peer_llamacpp import managed_server
-from run_cpu_comparison import cpu_name, default_model
+from run_cpu_comparison import cpu_flags, cpu_name, default_model
 
 GOAL = 0.9
 
@@ -58,6 +59,21 @@ def in_process(llm: kvpark.LLM, options: BenchOptions, concurrency: int, tag: st
                 elif isinstance(event, FinishedEvent | ErrorEvent):
                     live -= 1
     return tokens / (time.perf_counter() - started)
+
+
+def write_plot(path: Path, figures: dict[str, list[float]], title: str) -> None:
+    """Bars of every repeat's aggregate tok/s, in-process beside the server."""
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    repeats = range(len(figures["in_process"]))
+    for shift, (label, values) in zip((-0.2, 0.2), figures.items(), strict=True):
+        ax.bar([r + shift for r in repeats], values, width=0.4, label=label.replace("_", "-"))
+    ax.set(xlabel="repeat", ylabel="aggregate tok/s", title=title, xticks=list(repeats))
+    ax.legend()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> int:
@@ -96,7 +112,8 @@ def main() -> int:
     medians = {k: statistics.median(v) for k, v in figures.items()}
     ratio = medians["server"] / medians["in_process"]
     doc: dict[str, Any] = {
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.platform()},
+        "machine": {"cpu": cpu_name(), "flags": cpu_flags(), "cores": os.cpu_count(),
+                    "system": platform.platform()},
         "model_file": model, "command": cmd, "concurrency": args.concurrency,
         "requests": args.requests, "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens, "tok_s": figures, "median_tok_s": medians,
@@ -104,6 +121,7 @@ def main() -> int:
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving.json").write_text(json.dumps(doc, indent=2))
+    write_plot(args.out / "serving.png", figures, f"serving path at {args.concurrency} chats")
     print(f"median: in-process {medians['in_process']:.1f}, server {medians['server']:.1f} tok/s:"
           f" {ratio:.2f}x (goal {GOAL}x)")  # fmt: skip
     return 0

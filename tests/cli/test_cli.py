@@ -289,3 +289,33 @@ def test_generate_runs_the_default_model() -> None:
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [line["prompt"] for line in lines] == ["Hello", "The sky is"]
     assert all(line["error"] is None and line["texts"][0] for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--kv-dtype", "int8"], "--kv-dtype"), (["--prompt-path", "fast"], "--prompt-path")],
+)
+def test_the_cpu_path_flags_refuse_a_bad_value(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["serve", *argv])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_bad_cpu_isa_cap_exits_2_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVPARK_CPU_ISA", "sse9")
+    args = cli.build_parser().parse_args(["serve"])
+    with pytest.raises(SystemExit) as exit_:
+        engine_config(args, args.parser)
+    assert exit_.value.code == 2 and "KVPARK_CPU_ISA" in capsys.readouterr().err
+
+
+def test_the_cpu_path_flags_reach_the_model_config() -> None:
+    args = cli.build_parser().parse_args(
+        ["serve", "--kv-dtype", "float32", "--prompt-path", "same"]
+    )
+    model = engine_config(args, args.parser).model
+    assert (model.kv_dtype, model.prompt_path) == ("float32", "same")

@@ -69,11 +69,10 @@ def choose(
     prompt_path: str = "auto",
     kv_dtype: str = "auto",
     exact: bool = False,
-    has_blocks: bool = True,
 ) -> CpuPaths:
     """The rule of the module docstring. ``features``: the effective flags (``isa`` and the
-    booleans); ``has_blocks``: whether the model has block matrices at all (a GGUF of Q4_0, Q4_1
-    or Q8_0). Raises ValueError for a combination that cannot run."""
+    booleans). A model with no block matrices (a Hugging Face checkpoint, other quant types) loads
+    dense whatever ``blocks`` says. Raises ValueError for a combination that cannot run."""
     isa = str(features.get("isa", "plain"))
     native_bf16 = isa == "avx512" and bool(features.get("avx512_bf16"))
     if dtype == "auto":
@@ -82,7 +81,7 @@ def choose(
         dtype = "float32"
     if weights == "auto":
         # the plain Rust kernels are ~10x slower than MKL's dense GEMM at one row
-        blocks = dtype == "float32" and isa != "plain" and has_blocks
+        blocks = dtype == "float32" and isa != "plain"
     elif weights == "blocks":
         if dtype != "float32":
             raise ValueError(f"--weights blocks runs on the CPU in float32, not {dtype}")

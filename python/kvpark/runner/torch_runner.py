@@ -52,10 +52,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def resolve_weights(name: str, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether to keep a GGUF's block-quantised matrices as blocks (``--weights``); on the CPU
-    ``auto`` follows cpu_paths.choose (blocks, except where the CPU lacks AVX2)."""
+    ``auto`` is cpu_paths.choose's answer (blocks, except where the CPU lacks AVX2)."""
     fits = device.type == "cpu" and dtype == torch.float32
     if name == "auto":
-        return fits and cpu_features()["isa"] != "plain"
+        return fits and choose_cpu_paths(cpu_features()).blocks
     if name == "blocks" and not fits:
         raise ValueError(
             f"--weights blocks runs on the CPU in float32, not {str(dtype).removeprefix('torch.')}"

@@ -19,6 +19,7 @@ import kvpark._core as _core
 from kvpark.model.ops.metadata import AttentionMetadata
 
 Tensor = torch.Tensor
+POOL_DTYPES = (torch.float32, torch.bfloat16)  # the cells the kernel reads (bf16 widened exactly)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class NativeDecode:
 
 
 def usable(device: torch.device, kv_dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and kv_dtype in (torch.float32, torch.bfloat16)
+    return device.type == "cpu" and kv_dtype in POOL_DTYPES
 
 
 def plan(cell_index: Tensor, seqs: list[int], context: list[int], rows: list[int]) -> NativeDecode:
@@ -87,7 +88,7 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, p: NativeDecode, out: Te
     kv_dtype = k_cache.dtype
     if out.dtype != torch.float32 or v_cache.dtype != kv_dtype:
         raise ValueError("CPU decode attention takes float32 queries and one K/V dtype")
-    if kv_dtype not in (torch.float32, torch.bfloat16):
+    if kv_dtype not in POOL_DTYPES:
         raise ValueError(f"CPU decode attention reads float32 or bfloat16 pools, not {kv_dtype}")
     if out.shape != q.shape or k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
         raise ValueError(f"shapes q {tuple(q.shape)}, K {tuple(k_cache.shape)} do not fit")
