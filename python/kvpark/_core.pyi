@@ -3,7 +3,7 @@
 Hand-written to mirror rust/py/; `python -m mypy.stubtest kvpark._core` checks the two agree.
 """
 
-from typing import Literal, final
+from typing import Literal, TypedDict, final
 
 __all__ = [
     "Action",
@@ -11,6 +11,7 @@ __all__ = [
     "Planner",
     "PoolFullError",
     "RequestView",
+    "_CpuDecoder",
     "_blockmm_q4",
     "_blockmm_q8",
     "_cpu_features",
@@ -366,3 +367,58 @@ def _cpu_features() -> tuple[dict[str, bool | str], dict[str, bool | str]]:
     `"isa"` (plain, avx2 or avx512); `effective` is `cpu` under the cap in `KVPARK_CPU_ISA`.
     Raises ValueError for a value that variable cannot hold.
     """
+
+class _Matrix(TypedDict):
+    kind: str  # "4" (q4) or "8" (q8)
+    qs: int
+    scale: int
+    offset: int
+    n: int
+    k: int
+
+class _LayerSpec(TypedDict):
+    attn_norm: int
+    qkv: _Matrix
+    qkv_bias: int
+    q_norm: int
+    k_norm: int
+    o: _Matrix
+    o_bias: int
+    mlp_norm: int
+    gate_up: _Matrix
+    down: _Matrix
+    k_cells: int
+    v_cells: int
+
+@final
+class _CpuDecoder:
+    """A whole CPU decode step in one call. Private: see kvpark.runner.native_runner, which keeps
+    every tensor behind the addresses alive and checks it."""
+
+    def __new__(
+        cls,
+        shape: tuple[int, int, int, int, int, int],
+        eps: float,
+        embed: int,
+        norm: int,
+        head: _Matrix,
+        rope_cos: int,
+        rope_sin: int,
+        rope_values: int,
+        layers: list[_LayerSpec],
+        kv_values: int,
+        kv_dtype: str,
+    ) -> _CpuDecoder: ...
+    def step(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        item_rows: list[int],
+        page_tables: list[list[int]],
+        page_size: int,
+        logit_rows: list[int],
+        logits: int,
+    ) -> None:
+        """Runs one step and writes the logits of ``logit_rows`` into the f32 buffer at
+        ``logits`` ([len(logit_rows), vocab])."""

@@ -1,13 +1,15 @@
 //! The Python module `kvpark._core`: THE ONLY PLACE THAT USES PYO3.
 //!
 //! A thin wrapper, one file per wrapped type: [`pool`] (`KvPool`), [`planner`] (`RequestView`,
-//! `Action`, `Planner`, `round_up_buffer`), [`cpu`] (the private CPU kernels) and [`errors`]
+//! `Action`, `Planner`, `round_up_buffer`), [`cpu`] (the private CPU kernels), [`decoder`] (the
+//! private whole-step CPU decoder) and [`errors`]
 //! (exceptions). Each method converts plain Python values (ints, lists of ints, short strings)
 //! and calls the same-named [`KvPool`](crate::KvPool) or planner function. Errors become Python
 //! exceptions in one place, the `From<KvError> for PyErr` impl in [`errors`]. The stub
 //! `python/kvpark/_core.pyi` mirrors this module and `mypy.stubtest` checks the two agree.
 
 mod cpu;
+mod decoder;
 mod errors;
 mod planner;
 mod pool;
@@ -17,6 +19,7 @@ use pyo3::prelude::*;
 use cpu::{
     _blockmm_q4, _blockmm_q8, _cpu_features, _cpu_set_threads, _decode_attention, _rms_norm,
 };
+use decoder::PyCpuDecoder;
 use errors::PoolFullError;
 use planner::{round_up_buffer, PyAction, PyPlanner, PyRequestView};
 use pool::PyKvPool;
@@ -30,6 +33,7 @@ fn kvpark_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRequestView>()?;
     m.add_class::<PyAction>()?;
     m.add_class::<PyPlanner>()?;
+    m.add_class::<PyCpuDecoder>()?;
     m.add_function(wrap_pyfunction!(round_up_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(_blockmm_q4, m)?)?;
     m.add_function(wrap_pyfunction!(_blockmm_q8, m)?)?;

@@ -39,18 +39,30 @@ SEEDED = SamplingParams(
 Trace = list[tuple[int, list[TokenLogprob]]]  # per choice: token ids with their logprobs
 
 
-def make(monkeypatch: pytest.MonkeyPatch, every: int = 0, **options: object) -> kvpark.LLM:
+# the two exact paths on the CPU: the torch model with dense weights and the row-invariant op set
+# (whose ops the control tests swap back one by one), and the native runner's Rust decoder with
+# block weights (runner/native_runner.py), where every step runs in Rust, prompt rows included
+RUNNERS = {
+    "torch": {"weights": "dense", "runner": "torch"},
+    "native": {"weights": "blocks", "runner": "native"},
+}
+
+
+def make(
+    monkeypatch: pytest.MonkeyPatch, every: int = 0, runner: str = "torch", **options: object
+) -> kvpark.LLM:
     torch.set_num_threads(1)
     monkeypatch.setenv("KVPARK_PREEMPT_EVERY", str(every))
     monkeypatch.setenv("KVPARK_PREEMPT_FAIL_SAVE", "0")
     monkeypatch.setenv("KVPARK_PREEMPT_PLANNER", "on")
     options.setdefault("dtype", "float32")
-    # dense weights: the control tests below swap in plain F.linear, which takes tensors (exact
-    # mode with block weights is tested in tests/model/test_block_weights.py)
-    options.setdefault("weights", "dense")
+    for key, value in RUNNERS[runner].items():
+        options.setdefault(key, value)
     options.setdefault("kv_cells", 2048)
     options.setdefault("parallel", 8)
-    return kvpark.LLM(exact=True, **options)
+    llm = kvpark.LLM(exact=True, **options)
+    assert getattr(llm.engine.runner, "runner_kind", "torch") == runner
+    return llm
 
 
 def run(
@@ -98,12 +110,24 @@ def random_neighbours(rng: random.Random) -> list[tuple[int, str, SamplingParams
     return out
 
 
-@pytest.fixture(scope="module")
-def alone() -> Iterator[dict[str, dict[int, list[TokenLogprob]]]]:
+Alone = dict[str, dict[int, list[TokenLogprob]]]
+
+
+def alone_runs(runner: str) -> Iterator[Alone]:
     mp = pytest.MonkeyPatch()
-    llm = make(mp)
+    llm = make(mp, runner=runner)
     yield {"greedy": run(llm.engine, GREEDY), "seeded": run(llm.engine, SEEDED)}
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def alone() -> Iterator[Alone]:
+    yield from alone_runs("torch")
+
+
+@pytest.fixture(scope="module")
+def alone_native() -> Iterator[Alone]:
+    yield from alone_runs("native")
 
 
 PARAMS = {"greedy": GREEDY, "seeded": SEEDED}
@@ -115,16 +139,19 @@ SETUPS = {  # engine options and forced-park knob
 }
 
 
+@pytest.mark.parametrize("runner", list(RUNNERS))
 @pytest.mark.parametrize("kind", list(PARAMS))
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_the_probe_is_bit_identical_beside_random_neighbours(
-    alone: dict[str, dict[int, list[TokenLogprob]]],
+    request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
     setup: str,
     kind: str,
+    runner: str,
 ) -> None:
+    alone: Alone = request.getfixturevalue("alone" if runner == "torch" else "alone_native")
     options, every = SETUPS[setup]
-    llm = make(monkeypatch, every=every, **options)
+    llm = make(monkeypatch, every=every, runner=runner, **options)
     rng = random.Random(f"{setup}/{kind}")
     for trial in range(2):
         neighbours = random_neighbours(rng)
@@ -163,3 +190,14 @@ def test_the_comparison_fails_when_one_op_is_plain(
     runner.ops = dataclasses.replace(runner.ops, row_invariant=False, **PLAIN_OPS[op])
     neighbours = [(0, text, GREEDY) for text in NEIGHBOUR_PROMPTS[:5]]
     assert run(llm.engine, GREEDY, neighbours, probe_step=2) != alone["greedy"]
+
+
+def test_the_native_comparison_fails_when_the_arithmetic_changes(
+    alone_native: Alone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native runner's control: the same probe through the torch model's row-invariant ops
+    (the same block kernels; torch's silu, rope order and attention instead of the Rust
+    decoder's) differs in its bits, so the comparisons above can see a change of that size."""
+    llm = make(monkeypatch, runner="native", max_batch_tokens=16)
+    llm.engine.runner.decoder = None  # every step through the torch model from here on
+    assert run(llm.engine, GREEDY) != alone_native["greedy"]

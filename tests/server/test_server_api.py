@@ -219,7 +219,9 @@ def test_props(server: Server) -> None:
     }
     assert props["preempt"]["policy"] == "fcfs"
     # the CPU paths follow the rule on this CPU's flags (cpu_paths.py), the same as in-process
-    want = choose(_core._cpu_features()[1], dtype="float32").describe()
+    paths = choose(_core._cpu_features()[1], dtype="float32")
+    # the native decoder wherever the model is in blocks (runner/native_runner.py)
+    want = {**paths.describe(), "runner": "native" if paths.blocks else "torch"}
     assert props["cpu"] == want
     assert props["cpu"]["dtype"] == "float32"
     assert f"cpu paths ({want['isa']}): decode float32 x" in server.log()  # and the start-up log

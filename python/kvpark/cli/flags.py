@@ -12,6 +12,7 @@ from pathlib import Path
 
 import kvpark._core as _core
 from kvpark.cli.values import (
+    BUILT_IN_RUNNERS,
     dtype_name,
     int_at_least,
     one_of,
@@ -144,8 +145,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runner",
         type=runner_spec,
-        metavar="MODULE:FACTORY",
-        help="a custom model runner: FACTORY(EngineConfig) from MODULE (docs/custom-runners.md)",
+        default="auto",
+        metavar="auto|native|torch|MODULE:FACTORY",
+        help="the model runner: native (whole CPU decode steps in Rust), torch, auto (native on the"
+        " CPU where the model is in blocks, else torch), or a custom one: FACTORY(EngineConfig)"
+        " from MODULE (docs/custom-runners.md)",
     )
 
 
@@ -232,7 +236,8 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
         _core._cpu_features()  # refuses a KVPARK_CPU_ISA it cannot hold
     except ValueError as exc:
         p.error(str(exc))
-    if args.runner is not None:
+    custom = args.runner not in BUILT_IN_RUNNERS
+    if custom:
         _check_runner_importable(args.runner, p)
     elif args.model is not None and not Path(args.model).exists():
         # with --runner, --model means whatever that runner makes of it

@@ -76,10 +76,18 @@ def dtype_name(text: str) -> str:
     return DTYPE_NAMES[text]
 
 
+BUILT_IN_RUNNERS = ("auto", "native", "torch")
+
+
 def runner_spec(text: str) -> str:
+    """``auto``, ``native``, ``torch`` or ``module:factory``."""
+    if text in BUILT_IN_RUNNERS:
+        return text
     module, sep, name = text.partition(":")
     if not sep or not module.strip() or not name.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is not of the form module:factory")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of {', '.join(BUILT_IN_RUNNERS)} nor of the form module:factory"
+        )
     return text
 
 

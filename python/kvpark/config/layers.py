@@ -42,8 +42,8 @@ class ModelConfig:
     kv_dtype: str = "auto"
     exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
-    # "module:factory" of a custom runner, called with the EngineConfig (docs/custom-runners.md);
-    # None: the built-in TorchRunner
+    # auto | native (the CPU decoder) | torch, or "module:factory" of a custom runner, called with
+    # the EngineConfig (docs/custom-runners.md); None: auto
     runner: str | None = None
 
 

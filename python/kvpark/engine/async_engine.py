@@ -205,9 +205,13 @@ class AsyncEngine:
         }
 
     def _cpu_paths(self) -> dict[str, object] | None:
-        paths = getattr(self.engine.runner, "cpu_paths", None) if self.ready else None
-        describe = getattr(paths, "describe", None)
-        return describe() if callable(describe) else None
+        runner = self.engine.runner if self.ready else None
+        describe = getattr(getattr(runner, "cpu_paths", None), "describe", None)
+        if not callable(describe):
+            return None
+        shown: dict[str, object] = describe()
+        shown["runner"] = getattr(runner, "runner_kind", None)  # native or torch
+        return shown
 
     def stats(self) -> EngineStats:
         if self._engine is None:

@@ -10,7 +10,8 @@ under kvpark's pool, scheduler, preemption and server (docs/custom-runners.md wa
 The engine touches a runner only through these members. The runner owns the K/V storage for the
 pool's cells (``kv_cells`` cells in pages of ``page_size``, both in ``EngineConfig.pool``); the Rust
 pool decides which cells each sequence holds, and the plan says which cells each row writes and
-reads. The built-in runner is ``kvpark.runner.torch_runner.TorchRunner``.
+reads. The built-in runners are ``kvpark.runner.torch_runner.TorchRunner`` and, on the CPU,
+``kvpark.runner.native_runner.NativeCpuRunner``.
 """
 
 from __future__ import annotations
@@ -135,20 +136,34 @@ def load_runner_factory(spec: str) -> RunnerFactory:
 
 def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = None) -> Runner:
     """The runner the engine will drive: ``given`` itself when it is a runner, ``given(config)``
-    when it is a factory, else the factory ``config.model.runner`` names, else the built-in
-    ``TorchRunner``. Checked by :func:`check_runner`."""
+    when it is a factory, else the factory ``config.model.runner`` names, else a built-in one
+    (``auto``, ``native``, ``torch``). Checked by :func:`check_runner`."""
     runner: object
     if given is not None and not isinstance(given, type) and isinstance(given, Runner):
         runner = given  # a runner may be callable too (a torch Module): its members decide
     elif given is not None:
         runner = cast(RunnerFactory, given)(config)
-    elif config.model.runner is not None:
+    elif config.model.runner not in BUILT_IN_RUNNERS:
         runner = load_runner_factory(config.model.runner)(config)
     else:
-        from kvpark.runner.torch_runner import TorchRunner  # torch: only when it is the one
-
-        runner = TorchRunner(config.model, config.pool)
+        runner = _built_in(config)
     return check_runner(runner, config)
+
+
+BUILT_IN_RUNNERS = (None, "auto", "native", "torch")
+
+
+def _built_in(config: EngineConfig) -> Runner:
+    """``--runner auto``: on the CPU the native decoder (which runs a model it cannot take
+    through torch), elsewhere the torch runner; ``native`` insists on the decoder."""
+    # torch: imported only when a built-in runner is the one
+    from kvpark.runner.native_runner import NativeCpuRunner
+    from kvpark.runner.torch_runner import TorchRunner, resolve_device
+
+    name = config.model.runner or "auto"
+    if name == "torch" or (name == "auto" and resolve_device(config.model.device).type != "cpu"):
+        return TorchRunner(config.model, config.pool)
+    return NativeCpuRunner(config.model, config.pool, required=name == "native")
 
 
 def check_runner(runner: object, config: EngineConfig) -> Runner:

@@ -182,6 +182,11 @@ class TorchRunner:
         log.info("ops: %s%s", self.ops.name, " (row-invariant)" if self.ops.row_invariant else "")
 
     @property
+    def runner_kind(self) -> str:
+        """What ``/props.cpu.runner`` shows: this runner runs every step through torch."""
+        return "torch"
+
+    @property
     def model(self) -> torch.nn.Module:
         return self.loaded.model
 

@@ -24,6 +24,7 @@
 
 mod attention;
 mod avx2;
+pub mod decoder;
 pub mod isa;
 mod norm;
 mod plain;
@@ -93,9 +94,9 @@ fn check_common(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result
     check("y", y.len(), rows * n)
 }
 
-/// One weight matrix in either format, for the shared driver.
+/// One weight matrix in either format.
 #[derive(Clone, Copy)]
-pub(crate) enum Weights<'a> {
+pub enum Weights<'a> {
     Q4(Q4Weights<'a>),
     Q8(Q8Weights<'a>),
 }

@@ -1,0 +1,143 @@
+//! One transformer layer over a step's rows, in place on the residual stream `x`.
+
+use super::{sized, KvCells, Layer, Model, Shape, Step, Workspace};
+use crate::{decode_attention, DecodeAttention, ShapeError, Weights};
+
+/// `y = x @ W.T` on the thread team.
+pub(crate) fn matmul(
+    x: &[f32],
+    rows: usize,
+    w: Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    w.check(x, y, rows)?;
+    crate::threads::run(x, rows, w.k(), w, y);
+    Ok(())
+}
+
+fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
+    }
+}
+
+/// NEOX rope of one head in place: dimension i turns with i + d/2. The products and the sum in
+/// torch's order (`x * cos + roll(x) * signed_sin`, model/ops/rope.py), so the bits are its.
+fn rope(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    let (a, b) = head.split_at_mut(half);
+    for i in 0..half {
+        let (x1, x2) = (a[i], b[i]);
+        a[i] = x1 * cos[i] + x2 * -sin[i];
+        b[i] = x2 * cos[i] + x1 * sin[i];
+    }
+}
+
+/// Norm (Qwen3) and rope of `heads` heads of one row, in place.
+fn heads_in_place(
+    x: &mut [f32],
+    norm: Option<&[f32]>,
+    s: &Shape,
+    cos: &[f32],
+    sin: &[f32],
+    tmp: &mut [f32],
+) -> Result<(), ShapeError> {
+    if let Some(w) = norm {
+        tmp.copy_from_slice(x);
+        crate::rms_norm(tmp, w, s.eps, x)?;
+    }
+    for head in x.chunks_exact_mut(s.head_dim) {
+        rope(head, cos, sin);
+    }
+    Ok(())
+}
+
+pub(super) fn run(
+    model: &Model<'_>,
+    layer: &Layer<'_>,
+    k_cells: &mut KvCells<'_>,
+    v_cells: &mut KvCells<'_>,
+    step: &Step<'_>,
+    x: &mut [f32],
+    ws: &mut Workspace,
+) -> Result<(), ShapeError> {
+    let s = &model.shape;
+    let t = step.tokens.len();
+    let (d, half) = (s.head_dim, s.head_dim / 2);
+    let (nq, nkv) = (s.heads * d, s.kv_heads * d);
+    let qkv_w = s.qkv();
+    if k_cells.len() != v_cells.len() || k_cells.len() % nkv != 0 {
+        return Err(ShapeError(format!(
+            "K/V pools of {} and {} values for cells of {nkv}",
+            k_cells.len(),
+            v_cells.len()
+        )));
+    }
+    let n_cells = (k_cells.len() / nkv) as i64;
+    if let Some(c) = step.slots.iter().find(|&&c| c < 0 || c >= n_cells) {
+        return Err(ShapeError(format!(
+            "slot {c} is outside the pool of {n_cells} cells"
+        )));
+    }
+
+    // attention: norm, QKV, rope, store K and V, attend
+    let h = sized(&mut ws.h, t * s.hidden);
+    crate::rms_norm(x, layer.attn_norm, s.eps, h)?;
+    let qkv = sized(&mut ws.qkv, t * qkv_w);
+    matmul(h, t, layer.qkv, qkv)?;
+    add_bias(qkv, layer.qkv_bias);
+    let q = sized(&mut ws.q, t * nq);
+    let tmp = sized(&mut ws.tmp, nq.max(nkv));
+    for r in 0..t {
+        let p = step.positions[r] as usize;
+        let (cos, sin) = (
+            &model.rope_cos[p * half..(p + 1) * half],
+            &model.rope_sin[p * half..(p + 1) * half],
+        );
+        let row = &mut qkv[r * qkv_w..(r + 1) * qkv_w];
+        let (qr, kv) = row.split_at_mut(nq);
+        let (kr, vr) = kv.split_at_mut(nkv);
+        heads_in_place(qr, layer.q_norm, s, cos, sin, &mut tmp[..nq])?;
+        heads_in_place(kr, layer.k_norm, s, cos, sin, &mut tmp[..nkv])?;
+        q[r * nq..(r + 1) * nq].copy_from_slice(qr);
+        let cell = step.slots[r] as usize;
+        k_cells.store(cell, kr);
+        v_cells.store(cell, vr);
+    }
+    let att = sized(&mut ws.att, t * nq);
+    let a = DecodeAttention {
+        q,
+        k: k_cells.values(),
+        v: v_cells.values(),
+        cells: &ws.cells,
+        stride: ws.stride,
+        context: &ws.context,
+        rows: &ws.rows,
+        heads: s.heads,
+        kv_heads: s.kv_heads,
+        head_dim: d,
+    };
+    decode_attention(a, att)?;
+    let proj = sized(&mut ws.proj, t * s.hidden);
+    matmul(att, t, layer.o, proj)?;
+    add_bias(proj, layer.o_bias);
+    x.iter_mut().zip(proj.iter()).for_each(|(x, p)| *x += p);
+
+    // MLP: norm, gate/up, silu(gate) * up, down
+    let h = sized(&mut ws.h, t * s.hidden);
+    crate::rms_norm(x, layer.mlp_norm, s.eps, h)?;
+    let i = s.intermediate;
+    let gu = sized(&mut ws.gate_up, t * 2 * i);
+    matmul(h, t, layer.gate_up, gu)?;
+    let act = sized(&mut ws.act, t * i);
+    for (row, out) in gu.chunks_exact(2 * i).zip(act.chunks_exact_mut(i)) {
+        let (gate, up) = row.split_at(i);
+        super::silu::silu_mul(gate, up, out);
+    }
+    let proj = sized(&mut ws.proj, t * s.hidden);
+    matmul(act, t, layer.down, proj)?;
+    x.iter_mut().zip(proj.iter()).for_each(|(x, p)| *x += p);
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! A whole decode step of a Llama-family model in one call: embedding, then per layer RMSNorm,
+//! the fused QKV projection, rope, the K/V store, paged attention, the output projection and
+//! residual, RMSNorm, gate/up, `silu(gate) * up`, down and residual; then the final norm and the
+//! head for the rows whose logits are wanted.
+//!
+//! Why: through torch, a decode step of the default model is ~30 layers × ~15 ops, each a
+//! dispatch, an allocation and (for the block matmuls) a crossing into this crate; at one row
+//! that overhead is as large as the arithmetic. Here Python hands over the step once, every
+//! buffer lives in a [`Workspace`] that only grows, and the matmuls and the attention run on the
+//! crate's one thread team (`threads.rs`) while the elementwise work stays on the caller.
+//!
+//! Row invariance (exact mode): every op is computed row by row (the matmuls, as the crate doc
+//! says; norm, rope, silu and the stores elementwise or per row), and each row's attention is an
+//! entry of its own over its sequence's cells up to its position, so a prompt row gets the bits it
+//! would get as a decode row, and no row's bits depend on the others, the split or the threads.
+
+mod kv;
+mod layer;
+mod silu;
+
+use crate::{ShapeError, Weights};
+pub use kv::{bf16_bits, KvCells};
+
+/// The model's sizes.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub eps: f32,
+}
+
+impl Shape {
+    pub(crate) fn qkv(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// One transformer layer's weights (Hugging Face's layout, Q/K/V and gate/up fused by rows).
+#[derive(Clone, Copy)]
+pub struct Layer<'a> {
+    pub attn_norm: &'a [f32],
+    pub qkv: Weights<'a>,
+    pub qkv_bias: Option<&'a [f32]>,
+    /// Qwen3's per-head norms of q and k, before rope.
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub o: Weights<'a>,
+    pub o_bias: Option<&'a [f32]>,
+    pub mlp_norm: &'a [f32],
+    pub gate_up: Weights<'a>,
+    pub down: Weights<'a>,
+}
+
+/// The whole model.
+pub struct Model<'a> {
+    pub shape: Shape,
+    /// `[vocab, hidden]` f32: the token embedding (looked up, never multiplied).
+    pub embed: &'a [f32],
+    pub layers: Vec<Layer<'a>>,
+    pub norm: &'a [f32],
+    pub head: Weights<'a>,
+    /// `[positions, head_dim / 2]` each: rope's cos and sin by position.
+    pub rope_cos: &'a [f32],
+    pub rope_sin: &'a [f32],
+}
+
+/// One step's rows, as the scheduler's plan gives them: items (a sequence's consecutive rows,
+/// a prompt chunk or one decode token), each with its page table.
+pub struct Step<'a> {
+    /// `[rows]`: the token of each row, its position in its sequence and the cell it writes.
+    pub tokens: &'a [i64],
+    pub positions: &'a [i64],
+    pub slots: &'a [i64],
+    /// `[items]`: rows of each item, in row order.
+    pub item_rows: &'a [usize],
+    /// each item's pages; cell `c` of a sequence is `table[c / page_size] * page_size + c % ps`.
+    pub page_tables: &'a [Vec<i64>],
+    pub page_size: usize,
+    /// rows whose logits are computed, in the order of the output.
+    pub logit_rows: &'a [i64],
+}
+
+/// Buffers a step needs, kept between steps (they only grow).
+#[derive(Default)]
+pub struct Workspace {
+    pub(crate) x: Vec<f32>,
+    pub(crate) h: Vec<f32>,
+    pub(crate) qkv: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) att: Vec<f32>,
+    pub(crate) proj: Vec<f32>,
+    pub(crate) gate_up: Vec<f32>,
+    pub(crate) act: Vec<f32>,
+    pub(crate) tmp: Vec<f32>,
+    pub(crate) cells: Vec<i64>,
+    pub(crate) context: Vec<i64>,
+    pub(crate) rows: Vec<i64>,
+    pub(crate) stride: usize,
+}
+
+/// Sets `buf` to `len` values, reusing its memory.
+pub(crate) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+fn bad(msg: String) -> ShapeError {
+    ShapeError(msg)
+}
+
+impl Step<'_> {
+    fn check(&self, shape: &Shape, positions: usize) -> Result<usize, ShapeError> {
+        let t = self.tokens.len();
+        if t == 0 || self.positions.len() != t || self.slots.len() != t {
+            return Err(bad(format!(
+                "{t} tokens, {} positions, {} slots",
+                self.positions.len(),
+                self.slots.len()
+            )));
+        }
+        if self.item_rows.iter().sum::<usize>() != t
+            || self.page_tables.len() != self.item_rows.len()
+        {
+            return Err(bad(format!("items do not cover the step's {t} rows")));
+        }
+        if let Some(tok) = self
+            .tokens
+            .iter()
+            .find(|&&v| v < 0 || v as usize >= shape.vocab)
+        {
+            return Err(bad(format!(
+                "token {tok} is outside the vocabulary of {}",
+                shape.vocab
+            )));
+        }
+        if let Some(p) = self
+            .positions
+            .iter()
+            .find(|&&p| p < 0 || p as usize >= positions)
+        {
+            return Err(bad(format!(
+                "position {p} is beyond the rope table ({positions})"
+            )));
+        }
+        if self.logit_rows.iter().any(|&r| r < 0 || r as usize >= t) {
+            return Err(bad(format!("a logit row is outside the step's {t} rows")));
+        }
+        if self.page_size == 0 {
+            return Err(bad("page size 0".into()));
+        }
+        Ok(t)
+    }
+
+    /// Every row as an attention entry of its own: its sequence's cells up to its position.
+    fn entries(&self, ws: &mut Workspace) -> Result<(), ShapeError> {
+        let ps = self.page_size;
+        let stride = self
+            .positions
+            .iter()
+            .map(|&p| p as usize + 1)
+            .max()
+            .unwrap_or(1);
+        ws.stride = stride;
+        ws.cells.clear();
+        ws.context.clear();
+        ws.rows.clear();
+        let mut row = 0;
+        for (n, table) in self.item_rows.iter().zip(self.page_tables) {
+            for r in row..row + n {
+                let ctx = self.positions[r] as usize + 1;
+                if ctx.div_ceil(ps) > table.len() {
+                    return Err(bad(format!(
+                        "row {r} at position {} runs past its {} pages",
+                        ctx - 1,
+                        table.len()
+                    )));
+                }
+                ws.cells
+                    .extend((0..ctx).map(|c| table[c / ps] * ps as i64 + (c % ps) as i64));
+                ws.cells.resize(ws.cells.len() + stride - ctx, 0);
+                ws.context.push(ctx as i64);
+                ws.rows.push(r as i64);
+            }
+            row += n;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `step` through `model`, writing K and V into `kv` (`[layer] = (k, v)`) and the logits
+/// of `step.logit_rows` into `logits` (`[logit rows, vocab]`).
+pub fn forward(
+    model: &Model<'_>,
+    kv: &mut [(KvCells<'_>, KvCells<'_>)],
+    step: &Step<'_>,
+    ws: &mut Workspace,
+    logits: &mut [f32],
+) -> Result<(), ShapeError> {
+    let s = model.shape;
+    let half = s.head_dim / 2;
+    if s.head_dim % 2 != 0
+        || model.rope_cos.len() != model.rope_sin.len()
+        || model.rope_cos.len() % half != 0
+    {
+        return Err(bad(format!(
+            "rope tables do not fit a head of {}",
+            s.head_dim
+        )));
+    }
+    let t = step.check(&s, model.rope_cos.len() / half)?;
+    if kv.len() != model.layers.len() || model.embed.len() != s.vocab * s.hidden {
+        return Err(bad(format!(
+            "{} layers but {} K/V pairs",
+            model.layers.len(),
+            kv.len()
+        )));
+    }
+    if logits.len() != step.logit_rows.len() * s.vocab {
+        return Err(bad(format!(
+            "logits hold {} values, not {} rows of {}",
+            logits.len(),
+            step.logit_rows.len(),
+            s.vocab
+        )));
+    }
+    step.entries(ws)?;
+    let mut x = std::mem::take(&mut ws.x);
+    let xs = sized(&mut x, t * s.hidden);
+    for (r, &tok) in step.tokens.iter().enumerate() {
+        let at = tok as usize * s.hidden;
+        xs[r * s.hidden..(r + 1) * s.hidden].copy_from_slice(&model.embed[at..at + s.hidden]);
+    }
+    let result = (|| {
+        for (layer, (k, v)) in model.layers.iter().zip(kv.iter_mut()) {
+            layer::run(model, layer, k, v, step, xs, ws)?;
+        }
+        // the norm is row-wise: pick the wanted rows first
+        let n = step.logit_rows.len();
+        let picked = sized(&mut ws.proj, n * s.hidden);
+        for (i, &r) in step.logit_rows.iter().enumerate() {
+            let r = r as usize;
+            picked[i * s.hidden..(i + 1) * s.hidden]
+                .copy_from_slice(&xs[r * s.hidden..(r + 1) * s.hidden]);
+        }
+        let normed = sized(&mut ws.h, n * s.hidden);
+        crate::rms_norm(picked, model.norm, s.eps, normed)?;
+        layer::matmul(normed, n, model.head, logits)
+    })();
+    ws.x = x;
+    result
+}

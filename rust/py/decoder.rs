@@ -1,0 +1,254 @@
+//! `_CpuDecoder`: a whole CPU decode step in one call (kvpark_cpu_ops::decoder).
+//!
+//! Built once by kvpark.runner.native_runner from the addresses of the model's tensors and the
+//! KV pool's; that runner keeps every tensor alive and in place for the decoder's lifetime and
+//! checks each one's dtype, size and contiguity before it hands the address over.
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use kvpark_cpu_ops::decoder::{self, KvCells, Layer, Model, Shape, Step, Workspace};
+use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
+
+use super::errors::cpu_ops_err;
+
+/// A block matrix `[n, k]`: kind "q4" (qs [n, k/2] u8, scale and offset [n, k/32] f32) or "q8"
+/// (qs [n, k] i8, scale [n, k/32] f32, offset 0 or [n, k/32] f32).
+#[derive(FromPyObject, Clone, Copy)]
+#[pyo3(from_item_all)]
+struct Matrix {
+    kind: char,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    k: usize,
+}
+
+/// One layer: addresses of f32 vectors (0 where the model has none) and its matrices.
+#[derive(FromPyObject, Clone, Copy)]
+#[pyo3(from_item_all)]
+struct LayerSpec {
+    attn_norm: usize,
+    qkv: Matrix,
+    qkv_bias: usize,
+    q_norm: usize,
+    k_norm: usize,
+    o: Matrix,
+    o_bias: usize,
+    mlp_norm: usize,
+    gate_up: Matrix,
+    down: Matrix,
+    k_cells: usize,
+    v_cells: usize,
+}
+
+#[pyclass(name = "_CpuDecoder", module = "kvpark._core", frozen)]
+pub(super) struct PyCpuDecoder {
+    shape: Shape,
+    embed: usize,
+    norm: usize,
+    head: Matrix,
+    rope_cos: usize,
+    rope_sin: usize,
+    rope_values: usize,
+    layers: Vec<LayerSpec>,
+    kv_values: usize,
+    kv_bf16: bool,
+    workspace: Mutex<Workspace>,
+}
+
+/// # Safety
+/// `at` holds `len` live values of `T` (0 only with `len` 0 is never passed here).
+unsafe fn slice<'a, T>(at: usize, len: usize) -> &'a [T] {
+    std::slice::from_raw_parts(at as *const T, len)
+}
+
+/// # Safety
+/// As for [`slice`]; 0 means none.
+unsafe fn maybe<'a>(at: usize, len: usize) -> Option<&'a [f32]> {
+    (at != 0).then(|| slice(at, len))
+}
+
+/// # Safety
+/// The matrix's tensors are live, of the sizes its kind and shape say.
+unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
+    let blocks = m.n * m.k / BLOCK;
+    match m.kind {
+        '4' => Weights::Q4(Q4Weights {
+            qs: slice(m.qs, m.n * m.k / 2),
+            scale: slice(m.scale, blocks),
+            offset: slice(m.offset, blocks),
+            n: m.n,
+            k: m.k,
+        }),
+        _ => Weights::Q8(Q8Weights {
+            qs: slice(m.qs, m.n * m.k),
+            scale: slice(m.scale, blocks),
+            n: m.n,
+            k: m.k,
+        }),
+    }
+}
+
+fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
+    let fits = m.n == n && m.k == k && k % BLOCK == 0 && m.qs != 0 && m.scale != 0;
+    let kind = (m.kind == '4' && m.offset != 0) || (m.kind == '8' && m.offset == 0);
+    if !fits || !kind {
+        return Err(PyValueError::new_err(format!(
+            "{name}: a kind {:?} [{}, {}] matrix where [{n}, {k}] is wanted",
+            m.kind, m.n, m.k
+        )));
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl PyCpuDecoder {
+    /// `shape`: (hidden, heads, kv_heads, head_dim, intermediate, vocab); `kv_values`: values in
+    /// each layer's K (and V) pool; `kv_dtype`: "float32" or "bfloat16"; `rope_values`: values
+    /// in each of the cos and sin tables ([positions, head_dim / 2]).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        shape: (usize, usize, usize, usize, usize, usize),
+        eps: f32,
+        embed: usize,
+        norm: usize,
+        head: Matrix,
+        rope_cos: usize,
+        rope_sin: usize,
+        rope_values: usize,
+        layers: Vec<LayerSpec>,
+        kv_values: usize,
+        kv_dtype: &str,
+    ) -> PyResult<Self> {
+        let (hidden, heads, kv_heads, head_dim, intermediate, vocab) = shape;
+        let shape = Shape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            eps,
+        };
+        let kv_bf16 = match kv_dtype {
+            "float32" => false,
+            "bfloat16" => true,
+            other => return Err(PyValueError::new_err(format!("a {other} KV pool"))),
+        };
+        let qkv = (heads + 2 * kv_heads) * head_dim;
+        check_matrix("head", &head, vocab, hidden)?;
+        for (i, l) in layers.iter().enumerate() {
+            check_matrix(&format!("layer {i} qkv"), &l.qkv, qkv, hidden)?;
+            check_matrix(&format!("layer {i} o"), &l.o, hidden, heads * head_dim)?;
+            check_matrix(
+                &format!("layer {i} gate_up"),
+                &l.gate_up,
+                2 * intermediate,
+                hidden,
+            )?;
+            check_matrix(&format!("layer {i} down"), &l.down, hidden, intermediate)?;
+            if l.attn_norm == 0 || l.mlp_norm == 0 || l.k_cells == 0 || l.v_cells == 0 {
+                return Err(PyValueError::new_err(format!(
+                    "layer {i} lacks a norm or its K/V"
+                )));
+            }
+        }
+        Ok(Self {
+            shape,
+            embed,
+            norm,
+            head,
+            rope_cos,
+            rope_sin,
+            rope_values,
+            layers,
+            kv_values,
+            kv_bf16,
+            workspace: Mutex::new(Workspace::default()),
+        })
+    }
+
+    /// Runs one step (see kvpark_cpu_ops::decoder::Step) and writes the logits of `logit_rows`
+    /// into the f32 `[len(logit_rows), vocab]` buffer at `logits`.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<i64>,
+        positions: Vec<i64>,
+        slots: Vec<i64>,
+        item_rows: Vec<usize>,
+        page_tables: Vec<Vec<i64>>,
+        page_size: usize,
+        logit_rows: Vec<i64>,
+        logits: usize,
+    ) -> PyResult<()> {
+        let s = self.shape;
+        let d = s.head_dim;
+        // SAFETY: the runner keeps every tensor behind these addresses alive and unmoved, with
+        // the sizes checked in `new` and by the runner (module doc); `logits` is a fresh buffer
+        // of exactly this size, and nothing else touches the K/V pools during a step.
+        let (model, mut kv, out) = unsafe {
+            let layers = self
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    attn_norm: slice(l.attn_norm, s.hidden),
+                    qkv: weights(&l.qkv),
+                    qkv_bias: maybe(l.qkv_bias, l.qkv.n),
+                    q_norm: maybe(l.q_norm, d),
+                    k_norm: maybe(l.k_norm, d),
+                    o: weights(&l.o),
+                    o_bias: maybe(l.o_bias, s.hidden),
+                    mlp_norm: slice(l.mlp_norm, s.hidden),
+                    gate_up: weights(&l.gate_up),
+                    down: weights(&l.down),
+                })
+                .collect();
+            let model = Model {
+                shape: s,
+                embed: slice(self.embed, s.vocab * s.hidden),
+                layers,
+                norm: slice(self.norm, s.hidden),
+                head: weights(&self.head),
+                rope_cos: slice(self.rope_cos, self.rope_values),
+                rope_sin: slice(self.rope_sin, self.rope_values),
+            };
+            let n = self.kv_values;
+            let cells = |at: usize| -> KvCells<'_> {
+                if self.kv_bf16 {
+                    KvCells::Bf16(std::slice::from_raw_parts_mut(at as *mut u16, n))
+                } else {
+                    KvCells::F32(std::slice::from_raw_parts_mut(at as *mut f32, n))
+                }
+            };
+            let kv: Vec<_> = self
+                .layers
+                .iter()
+                .map(|l| (cells(l.k_cells), cells(l.v_cells)))
+                .collect();
+            let out =
+                std::slice::from_raw_parts_mut(logits as *mut f32, logit_rows.len() * s.vocab);
+            (model, kv, out)
+        };
+        let step = Step {
+            tokens: &tokens,
+            positions: &positions,
+            slots: &slots,
+            item_rows: &item_rows,
+            page_tables: &page_tables,
+            page_size,
+            logit_rows: &logit_rows,
+        };
+        py.detach(|| {
+            let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+            decoder::forward(&model, &mut kv, &step, &mut ws, out)
+        })
+        .map_err(cpu_ops_err)
+    }
+}

@@ -1,0 +1,184 @@
+"""The native CPU runner (runner/native_runner.py): whole decode steps in Rust, against the torch
+runner it is built on, on the real default model.
+
+It must keep the torch runner's greedy tokens on the parity prompts, be no further from it than
+the torch runner's own block path is from its dense float32 path (two orders of the same float32
+sums, measured in the same run), give a row the same bits whatever shares its step and however
+its prompt is chunked, give the plain path's bits on every instruction set this CPU runs, and
+hand the steps it cannot run to torch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvpark
+from kvpark import SamplingParams, _core
+from kvpark.config.layers import ModelConfig, PoolConfig
+from kvpark.runner.native_runner import NativeCpuRunner
+from kvpark.runner.torch_runner import TorchRunner
+from kvpark.sched.plan import StepItem, StepPlan
+
+PAGE = 16
+QUESTIONS = [  # the parity prompts of tests/model/test_model_parity.py
+    "What is the capital of France?",
+    "Write a haiku about the ocean.",
+    "Explain in two sentences why the sky is blue.",
+]
+
+
+def plan_for(items: list[StepItem]) -> StepPlan:
+    """Sequence ``s`` owns pages ``8 s .. 8 s + 7`` (128 cells)."""
+    slots: list[int] = []
+    tables = []
+    for it in items:
+        pages = [it.seq_id * 8 + p for p in range(8)]
+        tables.append(pages)
+        slots += [
+            pages[p // PAGE] * PAGE + p % PAGE
+            for p in range(it.start, it.start + len(it.token_ids))
+        ]
+    return StepPlan(items=items, slot_mapping=slots, page_tables=tables)
+
+
+def runner(cls: type[TorchRunner], required: bool = False, **options: object) -> TorchRunner:
+    torch.set_num_threads(1)
+    options.setdefault("weights", "blocks")
+    config = ModelConfig(threads=1, **options)  # type: ignore[arg-type]
+    pool = PoolConfig(kv_cells=2048, page_size=PAGE)
+    return (
+        NativeCpuRunner(config, pool, required=required)
+        if cls is NativeCpuRunner
+        else cls(config, pool)
+    )
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeCpuRunner:
+    r = runner(NativeCpuRunner)
+    assert isinstance(r, NativeCpuRunner) and r.decoder is not None
+    return r
+
+
+@pytest.fixture(scope="module")
+def prompts(native: NativeCpuRunner) -> list[list[int]]:
+    return prompts_of(native)
+
+
+def prefill(r: TorchRunner, prompts: list[list[int]]) -> torch.Tensor:
+    return r.execute(plan_for([StepItem(s, 0, p, True) for s, p in enumerate(prompts)]))
+
+
+def test_close_to_the_torch_runner_as_its_own_paths_are_to_each_other(
+    native: NativeCpuRunner, prompts: list[list[int]]
+) -> None:
+    blocks = runner(TorchRunner)
+    dense = runner(TorchRunner, weights="dense")
+    got, ref, other = prefill(native, prompts), prefill(blocks, prompts), prefill(dense, prompts)
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    ours = ((got - ref).abs().max() / ref.abs().max()).item()
+    theirs = ((other - ref).abs().max() / ref.abs().max()).item()
+    assert 0 < ours <= max(theirs, 1e-6) * 4, (ours, theirs)
+
+
+def test_the_torch_runners_greedy_tokens_on_the_parity_prompts() -> None:
+    torch.set_num_threads(1)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    out = {}
+    for name in ("native", "torch"):
+        llm = kvpark.LLM(runner=name, weights="blocks", threads=1, kv_cells=1024)
+        assert llm.engine.runner.runner_kind == name
+        out[name] = [o.token_ids for o in llm.chat(chats, params)]
+    assert all(len(t) == 32 for t in out["torch"])
+    assert out["native"] == out["torch"]
+
+
+def test_a_rows_bits_do_not_depend_on_its_step(
+    native: NativeCpuRunner, prompts: list[list[int]]
+) -> None:
+    """Normal mode too: every native step is row-invariant (exact mode's tests run it end to
+    end, tests/engine/test_exact_engine.py)."""
+    p = prompts[0]
+    alone = native.execute(plan_for([StepItem(0, 0, p, True)]))
+    # the same prompt in chunks of 5, beside other sequences' prompts and decode rows
+    chunks = [p[i : i + 5] for i in range(0, len(p), 5)]
+    start = 0
+    for i, chunk in enumerate(chunks):
+        others = [StepItem(1 + j, i, [100 + j], True) for j in range(3)]
+        last = i == len(chunks) - 1
+        logits = native.execute(plan_for([*others, StepItem(0, start, chunk, last)]))
+        start += len(chunk)
+    assert torch.equal(logits[-1], alone[0])
+    # decode rows: alone, and as one of eight
+    nxt = int(alone[0].argmax())
+    one = native.execute(plan_for([StepItem(0, len(p), [nxt], True)]))
+    others = [StepItem(1 + j, 3 + j, [200 + j], True) for j in range(7)]
+    many = native.execute(plan_for([*others[:4], StepItem(0, len(p), [nxt], True), *others[4:]]))
+    assert torch.equal(many[4], one[0])  # its own cell rewritten with the same bits
+
+
+def test_a_pool_of_either_dtype(prompts: list[list[int]]) -> None:
+    f32 = runner(NativeCpuRunner, kv_dtype="float32")
+    bf16 = runner(NativeCpuRunner, kv_dtype="bfloat16")
+    assert f32.kv.k[0].dtype == torch.float32 and bf16.kv.k[0].dtype == torch.bfloat16
+    a, b = prefill(f32, prompts), prefill(bf16, prompts)
+    assert torch.equal(a.argmax(-1), b.argmax(-1)) and not torch.equal(a, b)
+
+
+def test_steps_it_cannot_run_go_to_torch() -> None:
+    dense = runner(NativeCpuRunner, weights="dense")
+    assert dense.decoder is None and dense.runner_kind == "torch"
+    with pytest.raises(ValueError, match="--runner native"):
+        runner(NativeCpuRunner, required=True, weights="dense")
+
+
+def test_bad_steps_are_refused_and_change_nothing(native: NativeCpuRunner) -> None:
+    before = native.kv.k[0].clone()
+    vocab = native.vocab_size
+    with pytest.raises(ValueError, match="vocabulary"):
+        native.execute(plan_for([StepItem(0, 0, [vocab], True)]))
+    plan = plan_for([StepItem(0, 0, [1, 2], True)])
+    with pytest.raises(ValueError, match="outside the pool"):
+        native.execute(StepPlan(plan.items, [0, 10**9], plan.page_tables))
+    assert torch.equal(native.kv.k[0], before)
+
+
+STEP = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from test_native_runner import prefill, prompts_of, runner
+from kvpark.runner.native_runner import NativeCpuRunner
+r = runner(NativeCpuRunner)
+assert r.decoder is not None
+torch.save(prefill(r, prompts_of(r)), sys.argv[1])
+"""
+
+
+def prompts_of(r: TorchRunner) -> list[list[int]]:
+    tok = r.tokenizer
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    return [tok.encode(tok.apply_chat_template(c)) for c in chats]
+
+
+def test_every_path_this_cpu_runs_gives_the_plain_bits(tmp_path: Path) -> None:
+    levels = ["plain", "avx2", "avx512"]
+    runnable = levels[: levels.index(str(_core._cpu_features()[0]["isa"])) + 1]
+    here = str(Path(__file__).parent)
+    results = {}
+    for cap in runnable:
+        out = tmp_path / f"{cap}.pt"
+        env = {**os.environ, "KVPARK_CPU_ISA": cap}
+        done = subprocess.run(
+            [sys.executable, "-c", STEP, str(out), here], env=env, capture_output=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        results[cap] = torch.load(out)
+    for cap, got in results.items():
+        assert torch.equal(got, results["plain"]), cap
