@@ -1,0 +1,133 @@
+"""How far a CPU decode step is from its memory roofline: bytes a step reads / measured bandwidth.
+
+    .venv/bin/python bench/roofline.py --threads 2 --batch 1,8 --context 128 [--runner native]
+
+A decode step reads every weight once (the layers' block matrices and the head) plus, per row,
+its sequence's K and V cells in every layer; at a few rows that is all it does, so the time to
+stream those bytes at the machine's read bandwidth is a floor no kernel can beat. This measures
+the bandwidth (the best of several sums over a 512 MiB float32 tensor, on 1 and on ``--threads``
+threads), loads the runner (``--runner native`` or ``torch``, default model, block weights),
+times decode steps at each batch size with every row at ``--context`` cells, and prints the
+bytes, the floor, the measured step and their ratio as lines for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kvpark.config.layers import ModelConfig, PoolConfig
+from kvpark.model.ops import BlockWeight
+from kvpark.runner.native_runner import NativeCpuRunner
+from kvpark.runner.torch_runner import TorchRunner
+from kvpark.sched.plan import StepItem, StepPlan
+
+sys.path.insert(0, str(Path(__file__).parent))
+from run_cpu_comparison import cpu_flags, cpu_name
+
+PAGE = 16
+
+
+def read_bandwidth(threads: int, mib: int = 512, tries: int = 7) -> float:
+    """Bytes per second a sum over a ``mib`` MiB tensor streams, best of ``tries``."""
+    torch.set_num_threads(threads)
+    data = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - t)
+    torch.set_num_threads(1)
+    return data.numel() * 4 / best
+
+
+def weight_bytes(runner: TorchRunner) -> int:
+    """Bytes of every matrix a decode step multiplies (layers and head)."""
+    model = runner.loaded.model
+    total = 0
+    for layer in model.layers:
+        for attr in ("qkv_w", "o_w", "gate_up_w", "down_w"):
+            w = getattr(layer, attr)
+            total += w.nbytes if isinstance(w, BlockWeight) else w.numel() * w.element_size()
+    head = model.lm_head
+    total += head.nbytes if isinstance(head, BlockWeight) else head.numel() * head.element_size()
+    return total
+
+
+def kv_bytes_per_row(runner: TorchRunner, context: int) -> int:
+    return context * runner.kv.bytes_per_cell()  # K and V of every layer, each cell read once
+
+
+def decode_plan(batch: int, context: int) -> StepPlan:
+    pages = -(-(context + 1) // PAGE)
+    items, slots, tables = [], [], []
+    for s in range(batch):
+        table = list(range(s * pages, (s + 1) * pages))
+        items.append(StepItem(s, context - 1, [100 + s], True))
+        tables.append(table)
+        slots.append(table[(context - 1) // PAGE] * PAGE + (context - 1) % PAGE)
+    return StepPlan(items=items, slot_mapping=slots, page_tables=tables)
+
+
+def step_ms(runner: TorchRunner, plan: StepPlan, steps: int) -> float:
+    runner.execute(plan)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        runner.execute(plan)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--runner", choices=("native", "torch"), default="native")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = p.parse_args()
+    bandwidth = {n: read_bandwidth(n) for n in sorted({1, args.threads})}
+    batches = [int(b) for b in args.batch.split(",")]
+    config = ModelConfig(threads=args.threads, weights="blocks", runner=args.runner)
+    pool = PoolConfig(kv_cells=max(batches) * (args.context + PAGE) // PAGE * PAGE * 2)
+    runner: TorchRunner = (
+        NativeCpuRunner(config, pool, required=True)
+        if args.runner == "native"
+        else TorchRunner(config, pool)
+    )
+    weights = weight_bytes(runner)
+    bw = bandwidth[args.threads]
+    print(f"CPU: {cpu_name()}; flags {cpu_flags()}")
+    print(
+        "read bandwidth: "
+        + ", ".join(f"{n} threads {b / 1e9:.1f} GB/s" for n, b in bandwidth.items())
+    )
+    print(f"weights a step reads: {weights / 1e6:.1f} MB; KV per row at {args.context} cells: "
+          f"{kv_bytes_per_row(runner, args.context) / 1e6:.2f} MB")  # fmt: skip
+    print("| rows | bytes read | floor at measured bandwidth | measured step | floor / measured |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for batch in batches:
+        read = weights + batch * kv_bytes_per_row(runner, args.context)
+        floor = read / bw * 1e3
+        measured = step_ms(runner, decode_plan(batch, args.context), args.steps)
+        rows.append({"rows": batch, "bytes": read, "floor_ms": floor, "step_ms": measured})
+        print(f"| {batch} | {read / 1e6:.1f} MB | {floor:.2f} ms | {measured:.2f} ms "
+              f"({batch / measured * 1e3:.0f} tok/s) | {floor / measured:.0%} |")  # fmt: skip
+    if args.json:
+        meta = {"cpu": cpu_name(), "flags": cpu_flags(), "bandwidth": bandwidth}
+        meta |= {"runner": args.runner, "context": args.context, "rows": rows}
+        args.json.write_text(json.dumps(meta, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
