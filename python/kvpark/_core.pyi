@@ -402,7 +402,7 @@ class _CpuDecoder:
         cls,
         shape: tuple[int, int, int, int, int, int],
         eps: float,
-        embed: int,
+        embed: _Matrix,
         norm: int,
         head: _Matrix,
         rope_cos: int,

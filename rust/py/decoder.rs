@@ -14,8 +14,8 @@ use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
 
 use super::errors::cpu_ops_err;
 
-/// A block matrix `[n, k]`: kind "q4" (qs [n, k/2] u8, scale and offset [n, k/32] f32) or "q8"
-/// (qs [n, k] i8, scale [n, k/32] f32, offset 0 or [n, k/32] f32).
+/// A block matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32) or '8'
+/// (qs [n, k] i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32).
 #[derive(FromPyObject, Clone, Copy)]
 #[pyo3(from_item_all)]
 struct Matrix {
@@ -48,7 +48,7 @@ struct LayerSpec {
 #[pyclass(name = "_CpuDecoder", module = "kvpark._core", frozen)]
 pub(super) struct PyCpuDecoder {
     shape: Shape,
-    embed: usize,
+    embed: Matrix,
     norm: usize,
     head: Matrix,
     rope_cos: usize,
@@ -87,6 +87,7 @@ unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
         _ => Weights::Q8(Q8Weights {
             qs: slice(m.qs, m.n * m.k),
             scale: slice(m.scale, blocks),
+            offset: maybe(m.offset, blocks),
             n: m.n,
             k: m.k,
         }),
@@ -95,7 +96,7 @@ unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
 
 fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
     let fits = m.n == n && m.k == k && k % BLOCK == 0 && m.qs != 0 && m.scale != 0;
-    let kind = (m.kind == '4' && m.offset != 0) || (m.kind == '8' && m.offset == 0);
+    let kind = m.kind == '8' || (m.kind == '4' && m.offset != 0);
     if !fits || !kind {
         return Err(PyValueError::new_err(format!(
             "{name}: a kind {:?} [{}, {}] matrix where [{n}, {k}] is wanted",
@@ -115,7 +116,7 @@ impl PyCpuDecoder {
     fn new(
         shape: (usize, usize, usize, usize, usize, usize),
         eps: f32,
-        embed: usize,
+        embed: Matrix,
         norm: usize,
         head: Matrix,
         rope_cos: usize,
@@ -142,6 +143,7 @@ impl PyCpuDecoder {
         };
         let qkv = (heads + 2 * kv_heads) * head_dim;
         check_matrix("head", &head, vocab, hidden)?;
+        check_matrix("embedding", &embed, vocab, hidden)?;
         for (i, l) in layers.iter().enumerate() {
             check_matrix(&format!("layer {i} qkv"), &l.qkv, qkv, hidden)?;
             check_matrix(&format!("layer {i} o"), &l.o, hidden, heads * head_dim)?;
@@ -212,7 +214,7 @@ impl PyCpuDecoder {
                 .collect();
             let model = Model {
                 shape: s,
-                embed: slice(self.embed, s.vocab * s.hidden),
+                embed: weights(&self.embed),
                 layers,
                 norm: slice(self.norm, s.hidden),
                 head: weights(&self.head),

@@ -103,7 +103,11 @@ def test_the_default_model_loads_its_matrices_as_blocks() -> None:
         assert isinstance(got, BlockWeight) and got.kind == "q4"
         assert torch.equal(got.dequantize(), getattr(dense.layers[7], attr))  # Q/K unpermuted too
     assert isinstance(blocks.lm_head, BlockWeight) and blocks.lm_head.kind == "q8"  # tied head
-    assert torch.equal(blocks.embed, dense.embed)  # the lookup stays dense
+    # the lookup reads the head's blocks (no dense copy), bitwise the dense matrix's rows
+    assert blocks.embed_blocks is blocks.lm_head and blocks.embed.numel() == 0
+    ids = torch.tensor([0, 7, 49151, 7, 12000])
+    assert torch.equal(blocks.embed_rows(ids), dense.embed_rows(ids))
+    assert torch.equal(dense.embed_rows(ids), dense.embed[ids])
     assert not any(p.dim() == 2 and p.shape[0] > 1000 for p in blocks.layers[0].parameters())
 
 

@@ -120,6 +120,10 @@ class LlamaModel(nn.Module):
             self.embed if arch.tie_embeddings else _param(self.embed.shape, dtype, device)
         )
         self.rope = RopeTable.build(arch.inv_freq(), arch.max_position, device)
+        # the token embedding kept as blocks (a GGUF's on the CPU): rows are dequantised where
+        # they are looked up, bitwise the dense matrix's, and the dense matrix is never built
+        # (113 MB for the default model); a tied head multiplies the same blocks
+        self.embed_blocks: BlockWeight | None = None
         self._loaded: set[str] = set()
         # block matrices as they arrive: (module, attribute) -> {part: blocks}; finish_loading
         # fuses each once all its parts are in
@@ -176,8 +180,8 @@ class LlamaModel(nn.Module):
         target = self._target(name)
         if target is None or tuple(target.shape) != weight.shape or self.embed.device.type != "cpu":
             return False
-        if name == "model.embed_tokens.weight":  # the lookup stays dense; a tied head multiplies
-            target.copy_(weight.dequantize())
+        if name == "model.embed_tokens.weight":  # looked up from the blocks; a tied head
+            self.embed_blocks = weight  # multiplies them
             if self.arch.tie_embeddings:
                 self._blocks[(self, "lm_head")] = {0: (weight, target)}
         elif name == "lm_head.weight":
@@ -231,6 +235,16 @@ class LlamaModel(nn.Module):
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors: {shown}")
         self._fuse_blocks()
+        if self.embed_blocks is not None:
+            if self.arch.tie_embeddings and isinstance(self.lm_head, BlockWeight):
+                self.embed_blocks = self.lm_head  # one copy of the blocks for both
+            self.embed = nn.Parameter(self.embed.data.new_empty(0), requires_grad=False)
+
+    def embed_rows(self, token_ids: Tensor) -> Tensor:
+        """The embeddings of ``token_ids`` [T] -> [T, hidden] in the model's dtype."""
+        if self.embed_blocks is None:
+            return F.embedding(token_ids, self.embed)
+        return self.embed_blocks.rows(token_ids).dequantize().to(self.dtype)
 
     # ---- one step ----
 
@@ -246,7 +260,7 @@ class LlamaModel(nn.Module):
     ) -> Tensor:  # [S, vocab] float32
         ops = ops or OpSet.default()
         a = self.arch
-        x = F.embedding(token_ids, self.embed)  # [T, hidden]
+        x = self.embed_rows(token_ids)  # [T, hidden]
         rope = self.rope.at(positions, self.dtype)  # looked up once, used by every layer
         plan = ops.prepare_attention(meta, a, kv.k[0].dtype)
         for i, layer in enumerate(self.layers):

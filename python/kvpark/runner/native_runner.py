@@ -81,6 +81,8 @@ class NativeCpuRunner(TorchRunner):
                     return f"layer {i}'s {attr} is not in blocks (--weights blocks, a GGUF)"
         if not isinstance(model.lm_head, BlockWeight):
             return "the head is not in blocks"
+        if model.embed_blocks is None:
+            return "the token embedding is not in blocks"
         return None
 
     # ---------------------------------------------------------------- building the decoder
@@ -131,13 +133,13 @@ class NativeCpuRunner(TorchRunner):
                     "v_cells": self._addr(self.kv.v[i], pool_dtype),
                 }
             )
-        assert isinstance(model.lm_head, BlockWeight)
+        assert isinstance(model.lm_head, BlockWeight) and model.embed_blocks is not None
         rope = model.rope
         shape = (a.hidden_size, a.n_heads, a.n_kv_heads, a.head_dim, a.intermediate_size)
         return _core._CpuDecoder(
             (*shape, a.vocab_size),
             a.rms_eps,
-            self._addr(model.embed.data),
+            self._matrix(model.embed_blocks),
             self._addr(model.norm.data),
             self._matrix(model.lm_head),
             self._addr(rope.cos),

@@ -58,8 +58,8 @@ pub struct Layer<'a> {
 /// The whole model.
 pub struct Model<'a> {
     pub shape: Shape,
-    /// `[vocab, hidden]` f32: the token embedding (looked up, never multiplied).
-    pub embed: &'a [f32],
+    /// `[vocab, hidden]`: the token embedding in blocks (a tied head's), looked up row by row.
+    pub embed: Weights<'a>,
     pub layers: Vec<Layer<'a>>,
     pub norm: &'a [f32],
     pub head: Weights<'a>,
@@ -214,7 +214,14 @@ pub fn forward(
         )));
     }
     let t = step.check(&s, model.rope_cos.len() / half)?;
-    if kv.len() != model.layers.len() || model.embed.len() != s.vocab * s.hidden {
+    if model.embed.n() != s.vocab || model.embed.k() != s.hidden {
+        return Err(bad(format!(
+            "an embedding of [{}, {}]",
+            model.embed.n(),
+            model.embed.k()
+        )));
+    }
+    if kv.len() != model.layers.len() {
         return Err(bad(format!(
             "{} layers but {} K/V pairs",
             model.layers.len(),
@@ -232,9 +239,8 @@ pub fn forward(
     step.entries(ws)?;
     let mut x = std::mem::take(&mut ws.x);
     let xs = sized(&mut x, t * s.hidden);
-    for (r, &tok) in step.tokens.iter().enumerate() {
-        let at = tok as usize * s.hidden;
-        xs[r * s.hidden..(r + 1) * s.hidden].copy_from_slice(&model.embed[at..at + s.hidden]);
+    for (row, &tok) in xs.chunks_exact_mut(s.hidden).zip(step.tokens) {
+        embed_row(model.embed, tok as usize, row);
     }
     let result = (|| {
         for (layer, (k, v)) in model.layers.iter().zip(kv.iter_mut()) {
@@ -254,4 +260,33 @@ pub fn forward(
     })();
     ws.x = x;
     result
+}
+
+/// Row `r` of a block matrix, dequantised bitwise as `BlockWeight.dequantize` does it
+/// (`q * scale` for 8-bit blocks, `scale * nibble + offset` for 4-bit ones: the product is
+/// exact, so the one rounding of an FMA is the one rounding of the sum).
+fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
+    const B: usize = crate::BLOCK;
+    let blocks = w.k() / B;
+    for (b, o) in out.chunks_exact_mut(B).enumerate() {
+        let at = r * blocks + b;
+        match w {
+            Weights::Q8(w) => {
+                let (s, off) = (w.scale[at], w.offset.map(|o| o[at]));
+                for (v, q) in o.iter_mut().zip(&w.qs[at * B..(at + 1) * B]) {
+                    *v = match off {
+                        None => f32::from(*q) * s,
+                        Some(off) => s.mul_add(f32::from(*q), off),
+                    };
+                }
+            }
+            Weights::Q4(w) => {
+                let (s, off) = (w.scale[at], w.offset[at]);
+                for (i, q) in w.qs[at * B / 2..(at + 1) * B / 2].iter().enumerate() {
+                    o[i] = s.mul_add(f32::from(q & 0x0F), off);
+                    o[i + B / 2] = s.mul_add(f32::from(q >> 4), off);
+                }
+            }
+        }
+    }
 }
