@@ -68,7 +68,7 @@ pub(super) fn run(
     let (d, half) = (s.head_dim, s.head_dim / 2);
     let (nq, nkv) = (s.heads * d, s.kv_heads * d);
     let qkv_w = s.qkv();
-    if k_cells.len() != v_cells.len() || k_cells.len() % nkv != 0 {
+    if k_cells.len() != v_cells.len() || !k_cells.len().is_multiple_of(nkv) {
         return Err(ShapeError(format!(
             "K/V pools of {} and {} values for cells of {nkv}",
             k_cells.len(),

@@ -204,9 +204,10 @@ pub fn forward(
 ) -> Result<(), ShapeError> {
     let s = model.shape;
     let half = s.head_dim / 2;
-    if s.head_dim % 2 != 0
+    if !s.head_dim.is_multiple_of(2)
+        || half == 0
         || model.rope_cos.len() != model.rope_sin.len()
-        || model.rope_cos.len() % half != 0
+        || !model.rope_cos.len().is_multiple_of(half)
     {
         return Err(bad(format!(
             "rope tables do not fit a head of {}",
