@@ -77,7 +77,7 @@ impl DecodeAttention<'_> {
             return Err(bad(format!("{h} heads do not share {kv} KV heads evenly")));
         }
         let row = h * d;
-        if self.q.len() % row != 0 || out_len != self.q.len() {
+        if !self.q.len().is_multiple_of(row) || out_len != self.q.len() {
             return Err(bad(format!(
                 "q has {} values, out {out_len}: not rows of {row}",
                 self.q.len()
@@ -89,7 +89,7 @@ impl DecodeAttention<'_> {
             (self.k, self.v),
             (KvValues::F32(_), KvValues::F32(_)) | (KvValues::Bf16(_), KvValues::Bf16(_))
         );
-        if !same_kind || self.k.len() != self.v.len() || self.k.len() % cell != 0 {
+        if !same_kind || self.k.len() != self.v.len() || !self.k.len().is_multiple_of(cell) {
             return Err(bad(format!(
                 "K and V must be whole cells of {cell} values, of one kind"
             )));

@@ -84,7 +84,7 @@ fn check(what: &str, got: usize, want: usize) -> Result<(), ShapeError> {
 }
 
 fn check_common(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result<(), ShapeError> {
-    if k == 0 || k % BLOCK != 0 {
+    if k == 0 || !k.is_multiple_of(BLOCK) {
         return Err(ShapeError(format!(
             "k = {k} is not a positive multiple of {BLOCK}"
         )));

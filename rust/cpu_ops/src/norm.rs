@@ -7,7 +7,7 @@ use crate::ShapeError;
 /// Normalises each `weight.len()`-long row of `x` into `out`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), ShapeError> {
     let d = weight.len();
-    if d == 0 || x.len() % d != 0 || out.len() != x.len() {
+    if d == 0 || !x.len().is_multiple_of(d) || out.len() != x.len() {
         return Err(ShapeError(format!(
             "rows of {d}: x has {} values and out {}",
             x.len(),
