@@ -323,9 +323,12 @@ def _blockmm_q4(
     kvpark.model.ops.block_weights, which checks the tensors behind the addresses.
     """
 
-def _blockmm_q8(x: int, rows: int, k: int, qs: int, scale: int, n: int, y: int) -> None:
-    """y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32).
-    Private: see kvpark.model.ops.block_weights.
+def _blockmm_q8(
+    x: int, rows: int, k: int, qs: int, scale: int, offset: int, n: int, y: int
+) -> None:
+    """y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32,
+    offset [n, k/32] f32 or 0 for none: weight = scale * q + offset). Private: see
+    kvpark.model.ops.block_weights.
     """
 
 def _decode_attention(

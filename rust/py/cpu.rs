@@ -49,8 +49,9 @@ pub(super) fn _blockmm_q4(
         .map_err(cpu_ops_err)
 }
 
-/// y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32).
-/// Private: see kvpark.model.ops.block_weights.
+/// y[rows, n] = x[rows, k] @ W.T for 8-bit block weights (qs [n, k] i8, scale [n, k/32] f32,
+/// offset [n, k/32] f32 or 0 for none: weight = scale * q + offset). Private: see
+/// kvpark.model.ops.block_weights.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn _blockmm_q8(
@@ -60,19 +61,28 @@ pub(super) fn _blockmm_q8(
     k: usize,
     qs: usize,
     scale: usize,
+    offset: usize,
     n: usize,
     y: usize,
 ) -> PyResult<()> {
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
     // SAFETY: as in _blockmm_q4.
-    let (x, qs, scale, y) = unsafe {
+    let (x, qs, scale, offset, y) = unsafe {
         (
             std::slice::from_raw_parts(x as *const f32, rows * k),
             std::slice::from_raw_parts(qs as *const i8, n * k),
-            std::slice::from_raw_parts(scale as *const f32, n * k / kvpark_cpu_ops::BLOCK),
+            std::slice::from_raw_parts(scale as *const f32, blocks),
+            (offset != 0).then(|| std::slice::from_raw_parts(offset as *const f32, blocks)),
             std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
         )
     };
-    let w = kvpark_cpu_ops::Q8Weights { qs, scale, n, k };
+    let w = kvpark_cpu_ops::Q8Weights {
+        qs,
+        scale,
+        offset,
+        n,
+        k,
+    };
     py.detach(|| kvpark_cpu_ops::matmul_q8(x, rows, w, y))
         .map_err(cpu_ops_err)
 }

@@ -53,6 +53,7 @@ fn main() {
                 let head = Q8Weights {
                     qs: &head_qs,
                     scale: &head_scale,
+                    offset: None,
                     n: hn,
                     k: hk,
                 };

@@ -99,9 +99,11 @@ unsafe fn group<const R: usize, const G: usize>(
         }
         Weights::Q8(w) => {
             assert!((c + G) * k <= w.qs.len() && (c + G) * k / 32 <= w.scale.len());
+            assert!(w.offset.is_none_or(|o| o.len() == w.scale.len()));
             let blocks = Q8Blocks {
                 qs: w.qs.as_ptr(),
                 scale: w.scale.as_ptr(),
+                offset: w.offset.map(|o| o.as_ptr()),
             };
             group_of::<R, G, _>(x, k, blocks, c, out)
         }
@@ -198,6 +200,7 @@ impl Expand for Q4Blocks {
 struct Q8Blocks {
     qs: *const i8,
     scale: *const f32,
+    offset: Option<*const f32>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -208,13 +211,17 @@ impl Expand for Q8Blocks {
         unsafe {
             _mm_prefetch(self.qs.wrapping_add(at * 32), _MM_HINT_T0);
             _mm_prefetch(self.scale.wrapping_add(at) as *const i8, _MM_HINT_T0);
+            if let Some(offset) = self.offset {
+                _mm_prefetch(offset.wrapping_add(at) as *const i8, _MM_HINT_T0);
+            }
         }
     }
 
     #[inline(always)]
     unsafe fn expand(self, at: usize) -> [__m256; 4] {
         let s = _mm256_set1_ps(*self.scale.add(at));
-        let zero = _mm256_setzero_ps();
+        let o = self.offset.map_or(0.0, |o| *o.add(at)); // plain.rs's offset: 0 where none
+        let o = _mm256_set1_ps(o);
         let p = self.qs.add(at * 32) as *const __m128i;
         let (a, b) = (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)));
         let q = [
@@ -223,7 +230,7 @@ impl Expand for Q8Blocks {
             _mm256_cvtepi8_epi32(b),
             _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)),
         ];
-        q.map(|v| _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(v), zero))
+        q.map(|v| _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(v), o))
     }
 }
 

@@ -13,11 +13,14 @@
 //! - [`Q4Weights`]: `qs` `[n, k / 2]` bytes, block by block as in GGUF (weight `i` of a block in the
 //!   low nibble of byte `i`, weight `i + 16` in its high nibble); `scale`, `offset` `[n, k / 32]`
 //!   f32: weight = `scale * nibble + offset` (Q4_1 as stored; Q4_0 has `offset = -8 * scale`);
-//! - [`Q8Weights`]: `qs` `[n, k]` i8; `scale` `[n, k / 32]`: weight = `scale * q` (Q8_0).
+//! - [`Q8Weights`]: `qs` `[n, k]` i8; `scale` and optional `offset` `[n, k / 32]`: weight =
+//!   `scale * q + offset` (Q8_0 has no offset; K-quants repacked at load time to 8-bit quants
+//!   keep their per-block minimum as one).
 //!
-//! Every weight is expanded with one fused multiply-add (`scale * q + offset`), which rounds to the
-//! same f32 a separate multiply and add give, because `scale * q` is exact: the weights are
-//! bitwise those of the dequantised tensor. Each output is then a sum over eight lanes in block
+//! Every weight is expanded with one fused multiply-add (`scale * q + offset`, `offset` 0 where
+//! there is none), which rounds to the same f32 a separate multiply and add give whenever
+//! `scale * q` is exact (GGUF scales are f16, so it is): the weights are bitwise those of the
+//! dequantised tensor. Each output is then a sum over eight lanes in block
 //! order, reduced in a fixed tree. A row's result depends only on that row of `x` and on `W`:
 //! never on the other rows, the row tiling or the thread split (exact mode needs this), and the
 //! SIMD and plain paths give the same bits.
@@ -52,11 +55,13 @@ pub struct Q4Weights<'a> {
     pub k: usize,
 }
 
-/// 8-bit weights: `weight = scale * q`, per block of 32.
+/// 8-bit weights: `weight = scale * q + offset` (no offset: `scale * q`), per block of 32.
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Weights<'a> {
     pub qs: &'a [i8],
     pub scale: &'a [f32],
+    /// `[n, k / 32]`, or `None` (Q8_0).
+    pub offset: Option<&'a [f32]>,
     pub n: usize,
     pub k: usize,
 }
@@ -127,7 +132,9 @@ impl Weights<'_> {
             }
             Weights::Q8(w) => {
                 check("qs", w.qs.len(), n * k)?;
-                check("scale", w.scale.len(), n * k / BLOCK)
+                check("scale", w.scale.len(), n * k / BLOCK)?;
+                w.offset
+                    .map_or(Ok(()), |o| check("offset", o.len(), n * k / BLOCK))
             }
         }
     }

@@ -19,10 +19,10 @@ pub(crate) fn expand(w: Weights<'_>, c: usize, b: usize, out: &mut [f32; BLOCK])
         Weights::Q8(w) => {
             let blocks = w.k / BLOCK;
             let at = c * blocks + b;
-            let s = w.scale[at];
+            let (s, o) = (w.scale[at], w.offset.map_or(0.0, |o| o[at]));
             let qs = &w.qs[at * BLOCK..(at + 1) * BLOCK];
             for (i, q) in qs.iter().enumerate() {
-                out[i] = s.mul_add(f32::from(*q), 0.0);
+                out[i] = s.mul_add(f32::from(*q), o);
             }
         }
     }

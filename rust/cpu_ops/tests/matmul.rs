@@ -99,14 +99,16 @@ proptest! {
 
     #[test]
     fn q8_matches_reference_and_plain(
-        rows in 1usize..20, n in 1usize..70, blocks in 1usize..6, seed: u64,
+        rows in 1usize..20, n in 1usize..70, blocks in 1usize..6, with_offset: bool, seed: u64,
     ) {
         let k = blocks * BLOCK;
         let mut s = seed;
         let qs: Vec<i8> = (0..n * k).map(|_| lcg(&mut s) as i8).collect();
         let scale: Vec<f32> = (0..n * k / BLOCK).map(|_| unit(&mut s) / 64.0).collect();
+        let offset: Vec<f32> = (0..n * k / BLOCK).map(|_| unit(&mut s)).collect();
         let x = xs(rows, k, &mut s);
-        let w = Q8Weights { qs: &qs, scale: &scale, n, k };
+        let offset = with_offset.then_some(&offset[..]);
+        let w = Q8Weights { qs: &qs, scale: &scale, offset, n, k };
         let mut y = vec![f32::NAN; rows * n];
         matmul_q8(&x, rows, w, &mut y).unwrap();
         let mut plain = vec![f32::NAN; rows * n];
@@ -114,7 +116,11 @@ proptest! {
         for r in 0..rows {
             for c in 0..n {
                 let terms: Vec<f64> = (0..k)
-                    .map(|i| f64::from(x[r * k + i]) * f64::from(scale[c * k / BLOCK + i / BLOCK]) * f64::from(qs[c * k + i]))
+                    .map(|i| {
+                        let at = c * k / BLOCK + i / BLOCK;
+                        let o = offset.map_or(0.0, |o| f64::from(o[at]));
+                        f64::from(x[r * k + i]) * (f64::from(scale[at]) * f64::from(qs[c * k + i]) + o)
+                    })
                     .collect();
                 let got = y[r * n + c];
                 prop_assert!(within_rounding(got, &terms));
@@ -160,4 +166,52 @@ fn shapes_are_checked() {
         .unwrap_err()
         .0
         .contains("multiple of 32"));
+}
+
+/// The f32 path multiplies by exactly the dequantised weights, `fma(scale, q, offset)` in f32:
+/// one-hot rows of `x` read them back.
+#[test]
+fn one_hot_rows_read_back_the_dequantised_weights() {
+    let (n, k) = (5, 3 * BLOCK);
+    let mut s = 7;
+    let mut x = vec![0.0f32; k * k];
+    for i in 0..k {
+        x[i * k + i] = 1.0;
+    }
+    let w4 = q4(n, k, &mut s);
+    let qs: Vec<i8> = (0..n * k).map(|_| lcg(&mut s) as i8).collect();
+    let scale: Vec<f32> = (0..n * k / BLOCK).map(|_| unit(&mut s) / 64.0).collect();
+    let offset: Vec<f32> = (0..n * k / BLOCK).map(|_| unit(&mut s)).collect();
+    for with_offset in [false, true] {
+        let offset = with_offset.then_some(&offset[..]);
+        let w8 = Q8Weights {
+            qs: &qs,
+            scale: &scale,
+            offset,
+            n,
+            k,
+        };
+        let (mut y4, mut y8) = (vec![0.0; k * n], vec![0.0; k * n]);
+        let (mut p4, mut p8) = (vec![0.0; k * n], vec![0.0; k * n]);
+        matmul_q4(&x, k, w4.view(), &mut y4).unwrap();
+        matmul_q4_plain(&x, k, w4.view(), &mut p4).unwrap();
+        matmul_q8(&x, k, w8, &mut y8).unwrap();
+        matmul_q8_plain(&x, k, w8, &mut p8).unwrap();
+        for c in 0..n {
+            for i in 0..k {
+                let at = c * k / BLOCK + i / BLOCK;
+                let byte = w4.qs[at * 16 + i % 16];
+                let nibble = if i % BLOCK < 16 {
+                    byte & 0x0F
+                } else {
+                    byte >> 4
+                };
+                let want4 = w4.scale[at].mul_add(f32::from(nibble), w4.offset[at]);
+                let o = offset.map_or(0.0, |o| o[at]);
+                let want8 = scale[at].mul_add(f32::from(qs[c * k + i]), o);
+                assert_eq!((y4[i * n + c], p4[i * n + c]), (want4, want4));
+                assert_eq!((y8[i * n + c], p8[i * n + c]), (want8, want8));
+            }
+        }
+    }
 }

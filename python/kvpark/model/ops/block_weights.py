@@ -148,7 +148,7 @@ def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tenso
             )
         else:
             _core._blockmm_q8(
-                x.data_ptr(), rows, inp, w.qs.data_ptr(), w.scale.data_ptr(), out, y.data_ptr()
+                x.data_ptr(), rows, inp, w.qs.data_ptr(), w.scale.data_ptr(), 0, out, y.data_ptr()
             )
     return y if bias is None else y.add_(bias)
 
