@@ -13,7 +13,9 @@ __all__ = [
     "RequestView",
     "_CpuDecoder",
     "_blockmm_q4",
+    "_blockmm_q4_i8",
     "_blockmm_q8",
+    "_blockmm_q8_i8",
     "_cpu_features",
     "_cpu_set_threads",
     "_decode_attention",
@@ -331,6 +333,18 @@ def _blockmm_q8(
     offset [n, k/32] f32 or 0 for none: weight = scale * q + offset). Private: see
     kvpark.model.ops.block_weights.
     """
+
+def _blockmm_q4_i8(
+    x: int, rows: int, k: int, qs: int, scale: int, offset: int, n: int, y: int
+) -> None:
+    """_blockmm_q4 through int8 activations (kvpark_cpu_ops::int8: x rounded to int8 per block of
+    32, integer dot products, the same bits on every CPU path). Private, like _blockmm_q4.
+    """
+
+def _blockmm_q8_i8(
+    x: int, rows: int, k: int, qs: int, scale: int, offset: int, n: int, y: int
+) -> None:
+    """_blockmm_q8 through int8 activations (see _blockmm_q4_i8); offset 0 for none."""
 
 def _decode_attention(
     q: int,

@@ -26,25 +26,9 @@ pub(super) fn _blockmm_q4(
     n: usize,
     y: usize,
 ) -> PyResult<()> {
-    let blocks = n * k / kvpark_cpu_ops::BLOCK;
     // SAFETY: the caller (kvpark.model.ops.block_weights) passes live, contiguous tensors of exactly
     // these sizes and dtypes; `y` does not overlap the inputs.
-    let (x, qs, scale, offset, y) = unsafe {
-        (
-            std::slice::from_raw_parts(x as *const f32, rows * k),
-            std::slice::from_raw_parts(qs as *const u8, n * k / 2),
-            std::slice::from_raw_parts(scale as *const f32, blocks),
-            std::slice::from_raw_parts(offset as *const f32, blocks),
-            std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
-        )
-    };
-    let w = kvpark_cpu_ops::Q4Weights {
-        qs,
-        scale,
-        offset,
-        n,
-        k,
-    };
+    let (x, w, y) = unsafe { q4_operands(x, rows, k, qs, scale, offset, n, y) };
     py.detach(|| kvpark_cpu_ops::matmul_q4(x, rows, w, y))
         .map_err(cpu_ops_err)
 }
@@ -65,26 +49,116 @@ pub(super) fn _blockmm_q8(
     n: usize,
     y: usize,
 ) -> PyResult<()> {
-    let blocks = n * k / kvpark_cpu_ops::BLOCK;
     // SAFETY: as in _blockmm_q4.
-    let (x, qs, scale, offset, y) = unsafe {
-        (
-            std::slice::from_raw_parts(x as *const f32, rows * k),
-            std::slice::from_raw_parts(qs as *const i8, n * k),
-            std::slice::from_raw_parts(scale as *const f32, blocks),
-            (offset != 0).then(|| std::slice::from_raw_parts(offset as *const f32, blocks)),
-            std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
-        )
-    };
-    let w = kvpark_cpu_ops::Q8Weights {
-        qs,
-        scale,
-        offset,
+    let (x, w, y) = unsafe { q8_operands(x, rows, k, qs, scale, offset, n, y) };
+    py.detach(|| kvpark_cpu_ops::matmul_q8(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// _blockmm_q4 through int8 activations (kvpark_cpu_ops::int8: x rounded to int8 per block of
+/// 32, integer dot products, the same bits on every CPU path). Private, like _blockmm_q4.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _blockmm_q4_i8(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    if offset == 0 {
+        return Err(PyValueError::new_err("4-bit block weights need offsets"));
+    }
+    // SAFETY: as in _blockmm_q4.
+    let (x, w, y) = unsafe { q4_operands(x, rows, k, qs, scale, offset, n, y) };
+    py.detach(|| kvpark_cpu_ops::matmul_q4_i8(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// _blockmm_q8 through int8 activations (see _blockmm_q4_i8); offset 0 for none.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _blockmm_q8_i8(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4.
+    let (x, w, y) = unsafe { q8_operands(x, rows, k, qs, scale, offset, n, y) };
+    py.detach(|| kvpark_cpu_ops::matmul_q8_i8(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// The slices of a 4-bit product at these addresses.
+///
+/// # Safety
+/// Live, contiguous memory of the sizes the shapes give (see _blockmm_q4); `y` overlaps no input.
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_operands<'a>(
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    y: usize,
+) -> (&'a [f32], kvpark_cpu_ops::Q4Weights<'a>, &'a mut [f32]) {
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
+    let w = kvpark_cpu_ops::Q4Weights {
+        qs: std::slice::from_raw_parts(qs as *const u8, n * k / 2),
+        scale: std::slice::from_raw_parts(scale as *const f32, blocks),
+        offset: std::slice::from_raw_parts(offset as *const f32, blocks),
         n,
         k,
     };
-    py.detach(|| kvpark_cpu_ops::matmul_q8(x, rows, w, y))
-        .map_err(cpu_ops_err)
+    let x = std::slice::from_raw_parts(x as *const f32, rows * k);
+    (
+        x,
+        w,
+        std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+    )
+}
+
+/// The slices of an 8-bit product at these addresses (`offset` 0: none).
+///
+/// # Safety
+/// As for [`q4_operands`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn q8_operands<'a>(
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    y: usize,
+) -> (&'a [f32], kvpark_cpu_ops::Q8Weights<'a>, &'a mut [f32]) {
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
+    let w = kvpark_cpu_ops::Q8Weights {
+        qs: std::slice::from_raw_parts(qs as *const i8, n * k),
+        scale: std::slice::from_raw_parts(scale as *const f32, blocks),
+        offset: (offset != 0).then(|| std::slice::from_raw_parts(offset as *const f32, blocks)),
+        n,
+        k,
+    };
+    let x = std::slice::from_raw_parts(x as *const f32, rows * k);
+    (
+        x,
+        w,
+        std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+    )
 }
 
 /// Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v

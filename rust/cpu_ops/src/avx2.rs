@@ -238,7 +238,7 @@ impl Expand for Q8Blocks {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); // l0+l4 ..
     let b = _mm_add_ps(a, _mm_movehl_ps(a, a)); // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
     _mm_cvtss_f32(_mm_add_ss(b, _mm_shuffle_ps(b, b, 1)))

@@ -24,16 +24,22 @@
 //! order, reduced in a fixed tree. A row's result depends only on that row of `x` and on `W`:
 //! never on the other rows, the row tiling or the thread split (exact mode needs this), and the
 //! SIMD and plain paths give the same bits.
+//!
+//! [`matmul_i8`] is the other route to the same product: the activations are rounded to int8
+//! per block inside the call and multiplied as integers ([`int8`] says how, in what order, and
+//! how far the result may lie from this path's).
 
 mod attention;
 mod avx2;
 pub mod decoder;
+pub mod int8;
 pub mod isa;
 mod norm;
 mod plain;
 mod threads;
 
 pub use attention::{decode_attention, DecodeAttention, KvValues};
+pub use int8::{matmul_i8, matmul_q4_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use norm::rms_norm;
 pub use threads::set_threads;
 
@@ -99,22 +105,36 @@ fn check_common(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result
     check("y", y.len(), rows * n)
 }
 
-/// One weight matrix in either format.
-#[derive(Clone, Copy)]
+/// One weight matrix in either format (what [`matmul_i8`] takes).
+#[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
     Q4(Q4Weights<'a>),
     Q8(Q8Weights<'a>),
 }
 
+impl<'a> From<Q4Weights<'a>> for Weights<'a> {
+    fn from(w: Q4Weights<'a>) -> Self {
+        Weights::Q4(w)
+    }
+}
+
+impl<'a> From<Q8Weights<'a>> for Weights<'a> {
+    fn from(w: Q8Weights<'a>) -> Self {
+        Weights::Q8(w)
+    }
+}
+
 impl Weights<'_> {
-    fn n(&self) -> usize {
+    /// Output columns (rows of `W`).
+    pub fn n(&self) -> usize {
         match self {
             Weights::Q4(w) => w.n,
             Weights::Q8(w) => w.n,
         }
     }
 
-    fn k(&self) -> usize {
+    /// Inputs per column, a multiple of [`BLOCK`].
+    pub fn k(&self) -> usize {
         match self {
             Weights::Q4(w) => w.k,
             Weights::Q8(w) => w.k,
@@ -122,7 +142,7 @@ impl Weights<'_> {
     }
 
     /// Every slice has the length the shapes say.
-    fn check(&self, x: &[f32], y: &[f32], rows: usize) -> Result<(), ShapeError> {
+    pub(crate) fn check(&self, x: &[f32], y: &[f32], rows: usize) -> Result<(), ShapeError> {
         let (n, k) = (self.n(), self.k());
         check_common(x, y, rows, n, k)?;
         match self {

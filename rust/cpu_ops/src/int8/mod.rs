@@ -1,0 +1,237 @@
+//! `y = x @ W.T` with the activations rounded to int8 inside the call: integer dot products
+//! against the weight quants, then one float multiply-add per block.
+//!
+//! Why: the f32 path ([`crate::matmul_q4`]) spends four FMAs per row on every block of 32
+//! weights; here a row's block is one integer instruction pair (`vpmaddubsw` + `vpmaddwd` on
+//! AVX2) or one instruction (`vpdpbusd`, AVX-512 VNNI), and the floats come in once per block.
+//! The price is 8-bit activations (the bound below); the f32 path stays the exact-weights one.
+//!
+//! Where it pays (`examples/int8_speed.rs`; a 2-core AMD EPYC Zen 3 VM, AVX2 without VNNI): at
+//! one row, 1.2-1.8x the f32 path on the default model's Q4 shapes; at eight rows about even,
+//! since reducing eight blocks' integer lanes (`vphaddd`) costs about what the f32 path's FMAs
+//! do; the Q8_0 head about even, bound by memory at one row. VNNI does a block's dot in one
+//! instruction instead of two, so it should gain more there (not measured: no such CPU here).
+//!
+//! # Activations (row by row, block of 32 by block: a row's result depends only on that row)
+//! - `amax` is the largest `|x_i|`, found as the largest `x_i.to_bits() & 0x7fff_ffff`: an
+//!   integer maximum, so every path finds the same bits, NaN included;
+//! - a block holding an inf or NaN gets `d = NaN` and every `q_i = 0`: its row's outputs are NaN;
+//! - otherwise `d = amax / 127` (f32 division); if `d < f32::MIN_POSITIVE` (a zero block, or one
+//!   whose values are all below `127 * 2^-126`, about 1.5e-36) then `d = 0` and every `q_i = 0`;
+//! - otherwise `q_i = round_ties_even(x_i * (1 / d))`: `1 / d` and the product each rounded to
+//!   f32, then the IEEE default rounding to an integer (to nearest, ties to even; the SIMD path
+//!   asks for it explicitly, so MXCSR's mode does not matter); `sum = Σ q_i`.
+//!
+//! `q_i` lies in [-127, 127] and `|x_i - d q_i| <= ρ d` with `ρ = 1/2 + 2^-16`: `1 / d` and
+//! `x_i * (1 / d)` are within a relative `u = 2^-24` each, so with `|x_i / d| <= 127 / (1 - u)`
+//! the rounded product is within `127 (2u + u^2) / (1 - u) < 2^-16` of `x_i / d`, and `q_i` within
+//! 1/2 of it (so `|q_i| < 127.5`). No `i8` saturates anywhere below: AVX2's `vpmaddubsw` pairs
+//! reach `2 * 15 * 127` (Q4) or `2 * 128 * 127` (Q8 via `|w|` and `x * sign(w)`), under 32767.
+//!
+//! # Integer sums
+//! Per block `b`: `isum_b = Σ nibble_i q_i` for [`Q4Weights`] (Q4_1 as stored;
+//! Q4_0 is Q4_1 with `offset = -8 * scale`, as the loader already stores it), `Σ w_i q_i` for
+//! [`Q8Weights`]. Exact in every path, and `|isum_b| <= 32 * 128 * 127 < 2^24`,
+//! so `isum_b as f32` is exact too. `Σ_i w_i x_i ≈ scale_b d_b isum_b + offset_b d_b sum_b`.
+//!
+//! # The float combine: one order, every kernel
+//! Per (row, column): eight f32 lanes start at +0. Blocks go in groups of [`LANES`], the last
+//! group padded with empty blocks (scale, offset, `d`, `sum` and `isum` all 0); block
+//! `b = 8 g + l` updates lane `l`, groups in order:
+//!
+//! ```text
+//! lane[l] = fma(scale_b * d_b, isum_b as f32, lane[l])
+//! lane[l] = fma(offset_b * d_b, sum_b, lane[l])      // only where the weights have offsets
+//! y = ((lane0 + lane4) + (lane2 + lane6)) + ((lane1 + lane5) + (lane3 + lane7))
+//! ```
+//!
+//! Each product `scale_b * d_b`, `offset_b * d_b` is rounded to f32 on its own (never fused).
+//! The plain path runs this lane by lane; the SIMD paths as one 8-lane vector per group (eight
+//! blocks' integer sums reduced into one vector, the scales loaded eight at a time).
+//!
+//! # Error bound
+//! With `q^w_i` the weight's quant (nibble or 8-bit), `ŵ_i = scale_b q^w_i + offset_b` (exact,
+//! real; offset 0 where there is none), the target `T = Σ_i ŵ_i x_i` and
+//! `P = Σ_b d_b (scale_b isum_b + offset_b sum_b) = Σ_b Σ_{i∈b} ŵ_i d_b q_i` (what the combine
+//! computes, before rounding):
+//!
+//! 1. quantisation: `|T - P| <= Σ_b e_b Σ_{i∈b} |ŵ_i|`, `e_b = ρ d_b`, or `amax_b` for a block
+//!    set to 0 (above);
+//! 2. rounding: each term `p` of the lane sums is an exact product inside an fma of a rounded
+//!    scale product; it meets at most `1 + m + 3` roundings (its scale product, the `m` updates
+//!    of its lane — `m = ⌈B / 8⌉` for `B` blocks, twice that with offsets — and the three levels
+//!    of the tree), so by the recursive-summation argument `|ŷ - P| <= γ_{m+4} Σ|p| + floor`,
+//!    `γ_n = n u / (1 - n u)`. And `Σ|p| = Σ_b d_b (|scale_b isum_b| + |offset_b sum_b|) <=
+//!    Σ_b Σ_{i∈b} (|scale_b q^w_i| + |offset_b|) (|x_i| + e_b)` since `d_b |q_i| <= |x_i| + e_b`;
+//! 3. the floor: a rounding in the subnormal range may add an absolute `2^-150` instead; an fl of
+//!    a scale product meets `|isum_b|` (or `|sum_b|`) in its fma, and there are `8 m + 7`
+//!    roundings after, each error at most doubled later: `floor = 2^-149 (Σ_b (|isum_b| +
+//!    |sum_b|) + 8 m + 8)`, with `|isum_b| + |sum_b| <= 32 * 128 * 128`.
+//!
+//! So `|ŷ - T| <= Σ_b e_b Σ_{i∈b} |ŵ_i| + γ_{m+4} Σ_b Σ_{i∈b} (|scale_b q^w_i| + |offset_b|)
+//! (|x_i| + e_b) + floor` (`tests/int8_bound.rs` checks it; the worst error seen there is about
+//! a third of the bound).
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod plain;
+mod quantise;
+mod scratch;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+pub use scratch::{I8Scratch, QuantisedRow};
+
+use crate::isa::{self, Isa};
+use crate::threads::{self, Output};
+use crate::{Q4Weights, Q8Weights, ShapeError, Weights, COLUMN_CHUNK};
+
+/// Lanes of the float combine (and blocks per group).
+pub const LANES: usize = 8;
+
+/// Which code computes an int8 product. All give the same bits; they differ in speed only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum I8Kernel {
+    /// Portable Rust.
+    Plain,
+    /// AVX2: `vpmaddubsw` (u8 x i8 pairs to i16) then `vpmaddwd` by ones (to i32).
+    Avx2,
+    /// AVX-512 VNNI on 256-bit vectors: `vpdpbusd` (u8 x i8 quads to i32) in one instruction.
+    Avx512Vnni,
+}
+
+impl I8Kernel {
+    /// The fastest kernel this CPU runs under `KVPARK_CPU_ISA` ([`crate::isa`]): `avx2` there
+    /// keeps a VNNI machine on the AVX2 kernel, `plain` on the portable one.
+    pub fn best() -> I8Kernel {
+        let f = isa::effective();
+        match f.level() {
+            Isa::Avx512 if f.avx512_vnni => I8Kernel::Avx512Vnni,
+            Isa::Avx512 | Isa::Avx2 => I8Kernel::Avx2,
+            Isa::Plain => I8Kernel::Plain,
+        }
+    }
+
+    /// Every kernel this CPU may run (under the same cap), narrowest first: what tests compare.
+    pub fn available() -> Vec<I8Kernel> {
+        let best = I8Kernel::best();
+        [I8Kernel::Plain, I8Kernel::Avx2, I8Kernel::Avx512Vnni]
+            .into_iter()
+            .filter(|k| *k <= best)
+            .collect()
+    }
+
+    /// A short name, for benchmarks and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            I8Kernel::Plain => "plain",
+            I8Kernel::Avx2 => "avx2",
+            I8Kernel::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    fn assert_runs_here(self) {
+        assert!(
+            self <= I8Kernel::best(),
+            "the {} int8 kernel cannot run on this CPU (see I8Kernel::available)",
+            self.name()
+        );
+    }
+}
+
+/// `y = x @ W.T` for 4-bit block weights through int8 activations, on the fastest kernel and a
+/// scratch of its own. Layouts as in [`crate::matmul_q4`].
+pub fn matmul_q4_i8(
+    x: &[f32],
+    rows: usize,
+    w: Q4Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    matmul_i8(
+        x,
+        rows,
+        w.into(),
+        y,
+        I8Kernel::best(),
+        &mut I8Scratch::new(),
+    )
+}
+
+/// `y = x @ W.T` for 8-bit block weights through int8 activations; see [`matmul_q4_i8`].
+pub fn matmul_q8_i8(
+    x: &[f32],
+    rows: usize,
+    w: Q8Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    matmul_i8(
+        x,
+        rows,
+        w.into(),
+        y,
+        I8Kernel::best(),
+        &mut I8Scratch::new(),
+    )
+}
+
+/// `y = x @ W.T` through int8 activations on `kernel`, quantising `x` into `scratch` (reused
+/// across calls, so a layer runner allocates nothing per step). Columns are split over the
+/// threads of [`crate::set_threads`]; no split, tiling or kernel changes a bit of the result.
+///
+/// # Panics
+/// If this CPU cannot run `kernel` (it is not in [`I8Kernel::available`]).
+pub fn matmul_i8(
+    x: &[f32],
+    rows: usize,
+    w: Weights<'_>,
+    y: &mut [f32],
+    kernel: I8Kernel,
+    scratch: &mut I8Scratch,
+) -> Result<(), ShapeError> {
+    w.check(x, y, rows)?;
+    kernel.assert_runs_here();
+    scratch.quantise(x, rows, w.k(), kernel)?;
+    let a = scratch.activations();
+    let n = w.n();
+    let out = Output::new(y);
+    let col = |c: usize| (c * COLUMN_CHUNK).min(n);
+    threads::parallel(n.div_ceil(COLUMN_CHUNK), n * w.k(), &|chunks| {
+        columns(kernel, &a, w, col(chunks.start)..col(chunks.end), &out)
+    });
+    Ok(())
+}
+
+/// The quantised activations of one call, as the kernels read them.
+#[derive(Clone, Copy)]
+pub(crate) struct Activations<'a> {
+    /// `[rows, k]` int8.
+    pub q: &'a [i8],
+    /// `[rows, padded]` f32: each block's `d` and `sum`, 0 in the padding.
+    pub d: &'a [f32],
+    pub sum: &'a [f32],
+    pub rows: usize,
+    pub k: usize,
+    /// Blocks per row rounded up to a multiple of [`LANES`].
+    pub padded: usize,
+}
+
+/// Output columns `cols` of every row, on `kernel` (which [`matmul_i8`] checked runs here).
+fn columns(
+    kernel: I8Kernel,
+    a: &Activations<'_>,
+    w: Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    match kernel {
+        // SAFETY: matmul_i8 asserted the CPU has AVX2 and FMA (the kernel is at most best()).
+        #[cfg(target_arch = "x86_64")]
+        I8Kernel::Avx2 => unsafe { avx2::columns(a, w, cols, y) },
+        // SAFETY: as above, with AVX-512 F, BW, VL and VNNI.
+        #[cfg(target_arch = "x86_64")]
+        I8Kernel::Avx512Vnni => unsafe { vnni::columns(a, w, cols, y) },
+        _ => plain::columns(a, w, cols, y),
+    }
+}

@@ -1,0 +1,110 @@
+//! [`I8Scratch`]: one call's activations as int8 blocks, kept between calls so that a caller
+//! running many products (a layer runner) allocates once.
+//!
+//! ```text
+//! q    [rows, k]       i8    block b of row r at r * k + 32 b
+//! d    [rows, padded]  f32   padded = blocks rounded up to LANES; the padding is 0, so the
+//! sum  [rows, padded]  f32   SIMD combine loads eight blocks' d and sum with plain loads
+//! ```
+
+use super::{quantise, Activations, I8Kernel, LANES};
+use crate::{ShapeError, BLOCK};
+
+/// The quantised activations of the last [`crate::matmul_i8`] (or [`I8Scratch::quantise`]).
+#[derive(Clone, Debug, Default)]
+pub struct I8Scratch {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    sum: Vec<f32>,
+    rows: usize,
+    k: usize,
+}
+
+/// One row of an [`I8Scratch`]: `x[32 b + i] ≈ d[b] * q[32 b + i]`, `sum[b] = Σ_i q[32 b + i]`.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantisedRow<'a> {
+    /// `[k]`, each in [-127, 127].
+    pub q: &'a [i8],
+    /// `[k / 32]`: the block scales (0 for a block too small to quantise, NaN for one that holds
+    /// an inf or NaN).
+    pub d: &'a [f32],
+    /// `[k / 32]`: each block's sum of `q`, exact.
+    pub sum: &'a [f32],
+}
+
+impl I8Scratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantises `x` (`[rows, k]`) by the rule in [`crate::int8`], with `kernel`'s quantiser
+    /// (all give the same bits). Reuses the buffers' memory.
+    ///
+    /// # Panics
+    /// If this CPU cannot run `kernel`.
+    pub fn quantise(
+        &mut self,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        kernel: I8Kernel,
+    ) -> Result<(), ShapeError> {
+        if k == 0 || !k.is_multiple_of(BLOCK) {
+            return Err(ShapeError(format!(
+                "k = {k} is not a positive multiple of {BLOCK}"
+            )));
+        }
+        crate::check("x", x.len(), rows * k)?;
+        kernel.assert_runs_here();
+        let padded = padded_blocks(k);
+        self.q.resize(rows * k, 0);
+        self.d.resize(rows * padded, 0.0);
+        self.sum.resize(rows * padded, 0.0);
+        (self.rows, self.k) = (rows, k);
+        for r in 0..rows {
+            let (q, d, sum) = (
+                &mut self.q[r * k..(r + 1) * k],
+                &mut self.d[r * padded..(r + 1) * padded],
+                &mut self.sum[r * padded..(r + 1) * padded],
+            );
+            quantise::row(&x[r * k..(r + 1) * k], q, d, sum, kernel != I8Kernel::Plain);
+            // the buffers may hold an earlier call's values there
+            d[k / BLOCK..].fill(0.0);
+            sum[k / BLOCK..].fill(0.0);
+        }
+        Ok(())
+    }
+
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row `r` of the last quantisation.
+    pub fn row(&self, r: usize) -> QuantisedRow<'_> {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        let (k, padded) = (self.k, padded_blocks(self.k));
+        let blocks = r * padded..r * padded + k / BLOCK;
+        QuantisedRow {
+            q: &self.q[r * k..(r + 1) * k],
+            d: &self.d[blocks.clone()],
+            sum: &self.sum[blocks],
+        }
+    }
+
+    pub(crate) fn activations(&self) -> Activations<'_> {
+        let padded = padded_blocks(self.k);
+        Activations {
+            q: &self.q[..self.rows * self.k],
+            d: &self.d[..self.rows * padded],
+            sum: &self.sum[..self.rows * padded],
+            rows: self.rows,
+            k: self.k,
+            padded,
+        }
+    }
+}
+
+fn padded_blocks(k: usize) -> usize {
+    (k / BLOCK).div_ceil(LANES) * LANES
+}

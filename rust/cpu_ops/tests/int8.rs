@@ -1,0 +1,167 @@
+//! The int8 products: every kernel this CPU runs gives the plain kernel's bits (awkward values
+//! included), a row's result never depends on the other rows or the thread count, and shapes
+//! are checked. Run with `KVPARK_CPU_ISA=avx2` or `plain` to test with fewer kernels.
+
+mod support;
+
+use kvpark_cpu_ops::{
+    matmul_i8, matmul_q4_i8, matmul_q8_i8, set_threads, I8Kernel, I8Scratch, Q4Weights, Q8Weights,
+    Weights, BLOCK,
+};
+use proptest::prelude::*;
+use support::{activations, matrix, same, Kind, KINDS, STYLES};
+
+fn product(
+    x: &[f32],
+    rows: usize,
+    w: Weights<'_>,
+    kernel: I8Kernel,
+    s: &mut I8Scratch,
+) -> Vec<f32> {
+    let mut y = vec![f32::NAN; rows * w.n()];
+    matmul_i8(x, rows, w, &mut y, kernel, s).unwrap();
+    y
+}
+
+#[test]
+fn the_kernels_this_cpu_runs() {
+    let kernels = I8Kernel::available();
+    println!("int8 kernels here: {kernels:?}");
+    assert_eq!(kernels[0], I8Kernel::Plain);
+    assert_eq!(*kernels.last().unwrap(), I8Kernel::best());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Each kernel (and its quantiser) gives the plain bits, on one scratch reused across shapes.
+    #[test]
+    fn every_kernel_gives_the_plain_bits(
+        rows in 1usize..18, n in 1usize..40, blocks in 1usize..80, kind in 0usize..4,
+        threads in 1usize..4, seed: u64,
+    ) {
+        let k = blocks * BLOCK;
+        let mut s = seed;
+        let m = matrix(KINDS[kind], n, k, &mut s);
+        let x = activations(rows, k, STYLES, &mut s);
+        set_threads(threads);
+        let mut scratch = I8Scratch::new();
+        // an earlier, wider call leaves other values in the scratch's buffers
+        scratch.quantise(&activations(rows + 1, k + 9 * BLOCK, STYLES, &mut s), rows + 1,
+                         k + 9 * BLOCK, I8Kernel::Plain).unwrap();
+        let plain = product(&x, rows, m.view(), I8Kernel::Plain, &mut scratch);
+        let q_plain: Vec<_> = (0..rows).map(|r| {
+            let row = scratch.row(r);
+            (row.q.to_vec(), row.d.to_vec(), row.sum.to_vec())
+        }).collect();
+        for kernel in I8Kernel::available() {
+            let y = product(&x, rows, m.view(), kernel, &mut scratch);
+            for (i, (a, b)) in y.iter().zip(&plain).enumerate() {
+                prop_assert!(same(*a, *b), "{kernel:?} output {i}: {a} vs plain {b}");
+            }
+            for (r, (q, d, sum)) in q_plain.iter().enumerate() {
+                let row = scratch.row(r);
+                prop_assert_eq!(&row.q, &&q[..]);
+                prop_assert!(row.d.iter().zip(d).all(|(a, b)| same(*a, *b)));
+                prop_assert_eq!(&row.sum, &&sum[..]);
+            }
+        }
+    }
+
+    /// A row's result is the same bits alone or among other rows, at any thread count.
+    #[test]
+    fn a_row_gives_the_same_bits_alone_or_among_others(
+        rows in 2usize..20, pick in 0usize..20, kind in 0usize..4, threads in 1usize..4, seed: u64,
+    ) {
+        let (n, k) = (300, 9 * BLOCK); // big enough to use the worker threads
+        let mut s = seed;
+        let m = matrix(KINDS[kind], n, k, &mut s);
+        let x = activations(rows, k, STYLES, &mut s);
+        let r = pick % rows;
+        for kernel in I8Kernel::available() {
+            set_threads(threads);
+            let all = product(&x, rows, m.view(), kernel, &mut I8Scratch::new());
+            set_threads(1);
+            let alone = product(&x[r * k..(r + 1) * k], 1, m.view(), kernel, &mut I8Scratch::new());
+            for c in 0..n {
+                prop_assert!(same(all[r * n + c], alone[c]), "{kernel:?} column {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_short_forms_are_the_best_kernel() {
+    let mut s = 3;
+    for kind in KINDS {
+        let m = matrix(kind, 70, 18 * BLOCK, &mut s);
+        let x = activations(3, 18 * BLOCK, STYLES, &mut s);
+        let want = product(&x, 3, m.view(), I8Kernel::best(), &mut I8Scratch::new());
+        let mut y = vec![0.0; 3 * 70];
+        match m.view() {
+            Weights::Q4(w) => matmul_q4_i8(&x, 3, w, &mut y).unwrap(),
+            Weights::Q8(w) => matmul_q8_i8(&x, 3, w, &mut y).unwrap(),
+        }
+        assert!(y.iter().zip(&want).all(|(a, b)| same(*a, *b)), "{kind:?}");
+    }
+}
+
+/// An inf or NaN makes its own row NaN, and leaves the others alone.
+#[test]
+fn a_non_finite_activation_poisons_only_its_row() {
+    let (n, k) = (20, 4 * BLOCK);
+    let mut s = 5;
+    for kind in KINDS {
+        let m = matrix(kind, n, k, &mut s);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x = activations(3, k, 1, &mut s);
+            let clean = product(&x, 3, m.view(), I8Kernel::Plain, &mut I8Scratch::new());
+            x[k + 77] = bad; // row 1
+            for kernel in I8Kernel::available() {
+                let y = product(&x, 3, m.view(), kernel, &mut I8Scratch::new());
+                assert!(
+                    y[n..2 * n].iter().all(|v| v.is_nan()),
+                    "{kind:?} {kernel:?}"
+                );
+                for i in (0..n).chain(2 * n..3 * n) {
+                    assert_eq!(y[i].to_bits(), clean[i].to_bits());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shapes_are_checked() {
+    let mut s = 1;
+    let m = matrix(Kind::Q4, 4, 64, &mut s);
+    let x = vec![0.0; 64];
+    let Weights::Q4(w) = m.view() else {
+        unreachable!()
+    };
+    let mut y = vec![0.0; 3];
+    let err = matmul_q4_i8(&x, 1, w, &mut y).unwrap_err();
+    assert!(err.0.contains("y has 3"), "{err}");
+    let mut y = vec![0.0; 4];
+    assert!(matmul_q4_i8(&x[..32], 1, w, &mut y).is_err());
+    let bad = Q4Weights { k: 48, ..w };
+    assert!(matmul_q4_i8(&x, 1, bad, &mut y)
+        .unwrap_err()
+        .0
+        .contains("multiple of 32"));
+    let m8 = matrix(Kind::Q8Offset, 4, 64, &mut s);
+    let Weights::Q8(w8) = m8.view() else {
+        unreachable!()
+    };
+    let offset = &w8.offset.unwrap()[1..];
+    let short = Q8Weights {
+        offset: Some(offset),
+        ..w8
+    };
+    assert!(matmul_q8_i8(&x, 1, short, &mut y)
+        .unwrap_err()
+        .0
+        .contains("offset has 7"));
+    let mut scratch = I8Scratch::new();
+    assert!(scratch.quantise(&x, 3, 32, I8Kernel::Plain).is_err());
+}

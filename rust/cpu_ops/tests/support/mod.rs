@@ -1,0 +1,144 @@
+//! Random block weights and activations for the int8 tests, with the awkward blocks mixed in.
+#![allow(dead_code)] // each test file uses its own part
+
+use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
+
+pub fn lcg(seed: &mut u64) -> u32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 33) as u32
+}
+
+/// Uniform in [-1, 1).
+pub fn unit(seed: &mut u64) -> f32 {
+    lcg(seed) as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+}
+
+/// A block weight matrix in either format, owning its arrays.
+pub struct Matrix {
+    pub q4: bool,
+    pub qs: Vec<u8>,
+    pub scale: Vec<f32>,
+    pub offset: Option<Vec<f32>>,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// What kind of weights [`matrix`] makes.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// Q4_1: any offset.
+    Q4,
+    /// Q4_0 as the loader stores it: offset = -8 scale.
+    Q4Signed,
+    Q8,
+    /// Q8 with per-block offsets (a repacked K-quant).
+    Q8Offset,
+}
+
+pub const KINDS: [Kind; 4] = [Kind::Q4, Kind::Q4Signed, Kind::Q8, Kind::Q8Offset];
+
+pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
+    let blocks = n * k / BLOCK;
+    let q4 = matches!(kind, Kind::Q4 | Kind::Q4Signed);
+    let bytes = if q4 { n * k / 2 } else { n * k };
+    let qs = (0..bytes).map(|_| lcg(seed) as u8).collect();
+    let scale: Vec<f32> = (0..blocks).map(|_| unit(seed) / 16.0).collect();
+    let offset = match kind {
+        Kind::Q4 | Kind::Q8Offset => Some((0..blocks).map(|_| unit(seed)).collect()),
+        Kind::Q4Signed => Some(scale.iter().map(|s| -8.0 * s).collect()),
+        Kind::Q8 => None,
+    };
+    Matrix {
+        q4,
+        qs,
+        scale,
+        offset,
+        n,
+        k,
+    }
+}
+
+impl Matrix {
+    pub fn view(&self) -> Weights<'_> {
+        if self.q4 {
+            Weights::Q4(Q4Weights {
+                qs: &self.qs,
+                scale: &self.scale,
+                offset: self.offset.as_deref().expect("Q4 has offsets"),
+                n: self.n,
+                k: self.k,
+            })
+        } else {
+            Weights::Q8(Q8Weights {
+                // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern
+                // is valid for both.
+                qs: unsafe {
+                    std::slice::from_raw_parts(self.qs.as_ptr() as *const i8, self.qs.len())
+                },
+                scale: &self.scale,
+                offset: self.offset.as_deref(),
+                n: self.n,
+                k: self.k,
+            })
+        }
+    }
+
+    /// Weight `i` of column `c` as `(scale, quant, offset)`: weight = scale * quant + offset.
+    pub fn parts(&self, c: usize, i: usize) -> (f64, f64, f64) {
+        let at = c * self.k / BLOCK + i / BLOCK;
+        let q = if self.q4 {
+            let byte = self.qs[at * 16 + i % 16];
+            f64::from(if i % BLOCK < 16 {
+                byte & 0x0f
+            } else {
+                byte >> 4
+            })
+        } else {
+            f64::from(self.qs[c * self.k + i] as i8)
+        };
+        let o = self.offset.as_ref().map_or(0.0, |o| f64::from(o[at]));
+        (f64::from(self.scale[at]), q, o)
+    }
+}
+
+/// Activations `[rows, k]`, each block drawn from `styles` kinds (0..`STYLES`): 0 ordinary,
+/// 1 all zero, 2 one nonzero, 3 large, 4 tiny, 5 too small to quantise (below 1.5e-36),
+/// 6 magnitudes spread over 40 decades, 7 near f32::MAX (products may overflow).
+pub fn activations(rows: usize, k: usize, styles: u32, seed: &mut u64) -> Vec<f32> {
+    let mut x = Vec::with_capacity(rows * k);
+    for _ in 0..rows * k / BLOCK {
+        let style = lcg(seed) % styles;
+        let one = lcg(seed) as usize % BLOCK;
+        for i in 0..BLOCK {
+            let u = unit(seed);
+            x.push(match style {
+                0 => u,
+                1 => 0.0,
+                2 => {
+                    if i == one {
+                        u * 1e3
+                    } else {
+                        0.0
+                    }
+                }
+                3 => u * 1e30,
+                4 => u * 1e-30,
+                5 => u * 1e-37,
+                6 => u * 10f32.powi((lcg(seed) % 41) as i32 - 20),
+                _ => u * 3e38,
+            });
+        }
+    }
+    x
+}
+
+pub const STYLES: u32 = 8;
+/// The styles whose products stay finite.
+pub const FINITE_STYLES: u32 = 7;
+
+/// Equal bits, or both NaN (a NaN's payload is not part of the contract).
+pub fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
