@@ -1,18 +1,25 @@
 //! One transformer layer over a step's rows, in place on the residual stream `x`.
 
-use super::{sized, KvCells, Layer, Model, Shape, Step, Workspace};
-use crate::{decode_attention, DecodeAttention, ShapeError, Weights};
+use super::{sized, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
+use crate::{decode_attention, matmul_i8, DecodeAttention, I8Kernel, I8Scratch, ShapeError, Weights};
 
-/// `y = x @ W.T` on the thread team.
+/// `y = x @ W.T` on the thread team, in the arithmetic `dot` names.
 pub(crate) fn matmul(
+    dot: Dot,
     x: &[f32],
     rows: usize,
     w: Weights<'_>,
     y: &mut [f32],
+    scratch: &mut I8Scratch,
 ) -> Result<(), ShapeError> {
-    w.check(x, y, rows)?;
-    crate::threads::run(x, rows, w.k(), w, y);
-    Ok(())
+    match dot {
+        Dot::Int8 => matmul_i8(x, rows, w, y, I8Kernel::best(), scratch),
+        Dot::F32 => {
+            w.check(x, y, rows)?;
+            crate::threads::run(x, rows, w.k(), w, y);
+            Ok(())
+        }
+    }
 }
 
 fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
@@ -86,7 +93,7 @@ pub(super) fn run(
     let h = sized(&mut ws.h, t * s.hidden);
     crate::rms_norm(x, layer.attn_norm, s.eps, h)?;
     let qkv = sized(&mut ws.qkv, t * qkv_w);
-    matmul(h, t, layer.qkv, qkv)?;
+    matmul(model.dot, h, t, layer.qkv, qkv, &mut ws.i8)?;
     add_bias(qkv, layer.qkv_bias);
     let q = sized(&mut ws.q, t * nq);
     let tmp = sized(&mut ws.tmp, nq.max(nkv));
@@ -121,7 +128,7 @@ pub(super) fn run(
     };
     decode_attention(a, att)?;
     let proj = sized(&mut ws.proj, t * s.hidden);
-    matmul(att, t, layer.o, proj)?;
+    matmul(model.dot, att, t, layer.o, proj, &mut ws.i8)?;
     add_bias(proj, layer.o_bias);
     x.iter_mut().zip(proj.iter()).for_each(|(x, p)| *x += p);
 
@@ -130,14 +137,14 @@ pub(super) fn run(
     crate::rms_norm(x, layer.mlp_norm, s.eps, h)?;
     let i = s.intermediate;
     let gu = sized(&mut ws.gate_up, t * 2 * i);
-    matmul(h, t, layer.gate_up, gu)?;
+    matmul(model.dot, h, t, layer.gate_up, gu, &mut ws.i8)?;
     let act = sized(&mut ws.act, t * i);
     for (row, out) in gu.chunks_exact(2 * i).zip(act.chunks_exact_mut(i)) {
         let (gate, up) = row.split_at(i);
         super::silu::silu_mul(gate, up, out);
     }
     let proj = sized(&mut ws.proj, t * s.hidden);
-    matmul(act, t, layer.down, proj)?;
+    matmul(model.dot, act, t, layer.down, proj, &mut ws.i8)?;
     x.iter_mut().zip(proj.iter()).for_each(|(x, p)| *x += p);
     Ok(())
 }

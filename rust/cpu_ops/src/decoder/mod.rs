@@ -55,9 +55,19 @@ pub struct Layer<'a> {
     pub down: Weights<'a>,
 }
 
+/// How the products multiply the blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dot {
+    /// f32 activations times each block expanded to f32 ([`crate::matmul_q4`]).
+    F32,
+    /// activations rounded to int8 per block, integer dot products ([`crate::int8`]).
+    Int8,
+}
+
 /// The whole model.
 pub struct Model<'a> {
     pub shape: Shape,
+    pub dot: Dot,
     /// `[vocab, hidden]`: the token embedding in blocks (a tied head's), looked up row by row.
     pub embed: Weights<'a>,
     pub layers: Vec<Layer<'a>>,
@@ -100,6 +110,7 @@ pub struct Workspace {
     pub(crate) context: Vec<i64>,
     pub(crate) rows: Vec<i64>,
     pub(crate) stride: usize,
+    pub(crate) i8: crate::I8Scratch,
 }
 
 /// Sets `buf` to `len` values, reusing its memory.
@@ -257,7 +268,7 @@ pub fn forward(
         }
         let normed = sized(&mut ws.h, n * s.hidden);
         crate::rms_norm(picked, model.norm, s.eps, normed)?;
-        layer::matmul(normed, n, model.head, logits)
+        layer::matmul(model.dot, normed, n, model.head, logits, &mut ws.i8)
     })();
     ws.x = x;
     result
