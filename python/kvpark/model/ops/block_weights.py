@@ -2,11 +2,11 @@
 
 A decode step reads every weight once, so on a CPU its time is the bytes it reads: the default
 model's Q4_1 weights are 4.5 bits each, 32 once expanded to float32. ``BlockWeight`` keeps Q4_0,
-Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32) and ``block_linear``
-multiplies them by float32 activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has
-them), expanding each block in registers. The expanded weights are bitwise the dequantised ones,
-and a row's result does not depend on the other rows of the step, so the op is row-invariant and
-exact mode uses it too.
+Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32), Q4_K and Q5_K repacked
+into the same 32-weight kinds (kquant_blocks.py); ``block_linear`` multiplies them by float32
+activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has them), expanding each block
+in registers. The expanded weights are bitwise the dequantised ones, and a row's result does not
+depend on the other rows of the step, so the op is row-invariant and exact mode uses it too.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class BlockWeight:
 
     ``kind`` "q4": ``qs`` [out, in / 2] uint8, GGUF's nibble order (weight i of a block in the low
     nibble of byte i, weight i + 16 in the high one); weight = scale * nibble + offset.
-    ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q; ``offset`` is None.
+    ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q, or scale * q + offset where
+    ``offset`` is given (Q5_K's sub-blocks; Q8_0 has None).
     ``scale`` and ``offset``: [out, in / 32] float32.
     ``dense``: the same matrix dequantised (bfloat16 or float32) for the prompt path's GEMM
     (``--prompt-path``, cpu_paths.py), or None.
@@ -77,8 +78,11 @@ class BlockWeight:
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
         if self.kind == "q8":
-            return (self.qs.view(-1, BLOCK).float() * scale).view(out, inp)
-        q = nibbles(self.qs.view(-1, BLOCK // 2))
+            q = self.qs.view(-1, BLOCK).float()
+            if self.offset is None:
+                return (q * scale).view(out, inp)
+        else:
+            q = nibbles(self.qs.view(-1, BLOCK // 2))
         assert self.offset is not None
         return (scale * q + self.offset.reshape(-1, 1)).view(out, inp)
 
@@ -93,16 +97,27 @@ class BlockWeight:
 
     @staticmethod
     def cat(parts: list[BlockWeight]) -> BlockWeight:
-        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix)."""
+        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix).
+
+        q8 parts with and without offsets (Q5_K beside Q8_0) fuse with offsets throughout: a part
+        without gets -0.0, which leaves every weight's bits as they were (x + -0.0 is x for every
+        float x, +0.0 included; a +0.0 offset would turn a -0.0 weight into +0.0)."""
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")
-        offsets = [p.offset for p in parts]
+        offset = None
+        if any(p.offset is not None for p in parts):
+            offset = torch.cat(
+                [
+                    p.offset if p.offset is not None else torch.full_like(p.scale, -0.0)
+                    for p in parts
+                ]
+            )
         return BlockWeight(
             parts[0].kind,
             torch.cat([p.qs for p in parts]),
             torch.cat([p.scale for p in parts]),
-            None if parts[0].kind == "q8" else torch.cat(offsets),  # type: ignore[arg-type]
+            offset,
         )
 
 
@@ -147,8 +162,17 @@ def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tenso
                 y.data_ptr(),
             )
         else:
-            _core._blockmm_q8(
-                x.data_ptr(), rows, inp, w.qs.data_ptr(), w.scale.data_ptr(), out, y.data_ptr()
+            # The binding with an offset address (0: none) comes with the int8 branch's kernels;
+            # the ignore goes with the old stub in _core.pyi.
+            _core._blockmm_q8(  # type: ignore[call-arg]
+                x.data_ptr(),
+                rows,
+                inp,
+                w.qs.data_ptr(),
+                w.scale.data_ptr(),
+                w.offset.data_ptr() if w.offset is not None else 0,
+                out,
+                y.data_ptr(),
             )
     return y if bias is None else y.add_(bias)
 
@@ -162,12 +186,12 @@ def _check(w: BlockWeight) -> None:
     out, inp = w.shape
     qs_dtype, qs_cols = (torch.uint8, inp // 2) if w.kind == "q4" else (torch.int8, inp)
     want = [(w.qs, qs_dtype, (out, qs_cols)), (w.scale, torch.float32, (out, inp // BLOCK))]
-    if w.kind == "q4":
-        if w.offset is None:
-            raise ValueError("a q4 block weight needs offsets")
-        want.append((w.offset, torch.float32, (out, inp // BLOCK)))
-    elif w.kind != "q8":
+    if w.kind not in ("q4", "q8"):
         raise ValueError(f"unknown block kind {w.kind!r}")
+    if w.kind == "q4" and w.offset is None:
+        raise ValueError("a q4 block weight needs offsets")
+    if w.offset is not None:  # q4 always, q8 optionally
+        want.append((w.offset, torch.float32, (out, inp // BLOCK)))
     for t, dtype, shape in want:
         if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
             got = f"{t.dtype} {tuple(t.shape)}"
