@@ -8,14 +8,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
 from kvpark.model import LoadedModel, ModelLoadError, load_model
-from kvpark.model.gguf_loader import _TORCH_DEQUANT, GgufFile
-from kvpark.model.ops import AttentionMetadata, KVCache
+from kvpark.model.gguf_loader import _TORCH_DEQUANT, GgufFile, arch_from_gguf, iter_weights
+from kvpark.model.ops import AttentionMetadata, BlockWeight, KVCache
 from kvpark.tokenizer.tokenizer import Tokenizer
+from support.kquants import random_kquant
 
 CPU = torch.device("cpu")
 PAGE = 16
@@ -88,6 +90,54 @@ def test_torch_dequantisation_is_bitwise_gguf(qtype: str) -> None:
     blocks = torch.from_numpy(packed.copy()).view(-1, gguf.GGML_QUANT_SIZES[kind][1])
     got = _TORCH_DEQUANT[kind](blocks).view(16, 256).numpy()
     assert np.array_equal(got, gguf.quants.dequantize(packed, kind))
+
+
+def test_k_quant_matrices_load_as_blocks(tmp_path: Path) -> None:
+    """A tiny Llama GGUF of K-quant matrices: Q4_K and Q5_K come as blocks (Q/K rows unpermuted
+    as the dense ones are), Q6_K dense, and every weight is the dense load's, bit for bit."""
+    q = gguf.GGMLQuantizationType
+    path = tmp_path / "kquants.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(256)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_feed_forward_length(512)
+    writer.add_context_length(128)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tensor("token_embd.weight", np.zeros((32, 256), np.float32))
+    types = {"attn_q": (q.Q4_K, 256), "attn_k": (q.Q5_K, 128), "attn_v": (q.Q6_K, 128)}
+    types |= {"attn_output": (q.Q5_K, 256), "ffn_down": (q.Q4_K, 256)}
+    for i, (name, (qtype, rows)) in enumerate(types.items()):
+        inp = 512 if name == "ffn_down" else 256
+        raw = random_kquant(qtype, rows, inp, seed=i)
+        writer.add_tensor(f"blk.0.{name}.weight", raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    g = GgufFile(str(path))
+    arch = arch_from_gguf(g)
+    dense = dict(iter_weights(g, arch))
+    kept = dict(iter_weights(g, arch, blocks=True))
+    kinds = {name: w.kind if isinstance(w, BlockWeight) else None for name, w in kept.items()}
+    attn = "model.layers.0.self_attn"
+    assert kinds == {
+        "model.embed_tokens.weight": None,
+        f"{attn}.q_proj.weight": "q4",
+        f"{attn}.k_proj.weight": "q8",
+        f"{attn}.v_proj.weight": None,  # Q6_K
+        f"{attn}.o_proj.weight": "q8",
+        "model.layers.0.mlp.down_proj.weight": "q4",
+    }
+    for name, w in kept.items():
+        got, want = w.dequantize() if isinstance(w, BlockWeight) else w, dense[name]
+        assert got.shape == want.shape
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    k_rows = kept[f"{attn}.k_proj.weight"]
+    assert isinstance(k_rows, BlockWeight) and k_rows.offset is not None  # Q5_K: q8 with offsets
+    as_filed = g.load(next(t for t in g.tensors if t.name == "blk.0.attn_k.weight"))
+    assert not torch.equal(dense[f"{attn}.k_proj.weight"], as_filed)  # the rows were unpermuted
 
 
 # ---- tiny Hugging Face models of each variant ----

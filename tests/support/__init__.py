@@ -9,6 +9,8 @@
 - ``scripted``: a scripted event source and response builder for SSE framing without an engine;
 - ``tiny_model`` / ``attention``: random tiny models and attention steps for op and kernel tests;
 - ``hf_runner``: a custom runner on transformers' Llama, written against the public protocol.
+- ``kquants``: GGUF K-quant bytes (a reference quantiser, random valid blocks), which gguf cannot
+  write.
 
 conftest.py registers this package for pytest's assertion rewriting, as if it were test code.
 """

@@ -32,7 +32,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, f32 on CPU)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # CPU threads for torch and block matmuls; 0: all cores (≤ 2 in exact mode)
-    # blocks: GGUF Q4_0/Q4_1/Q8_0 matrices kept in their blocks and multiplied by block_linear
+    # blocks: GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K matrices kept in blocks and multiplied by block_linear
     # (CPU, float32); dense: every weight dequantised; auto: blocks on CPU in float32
     weights: str = "auto"
     # prompt chunks on the CPU: auto (a dense GEMM where it wins, cpu_paths.py) | same (as decode

@@ -3,8 +3,8 @@
 The header is parsed here with ``struct`` rather than ``gguf.GGUFReader``: the reader builds a numpy
 view per token and per merge (98k of them for SmolLM2), which took 2-6 s of a load; this parser
 takes about 0.1 s. Q8_0, Q4_0 and Q4_1 are dequantised with torch (bitwise as ``gguf.quants``, 5x
-faster), other types by ``gguf.quants``. Tensor data is memory-mapped and dequantised one tensor at
-a time, so peak memory stays near the size of the loaded weights.
+faster), other types (the K-quants among them) by ``gguf.quants``. Tensor data is memory-mapped
+and dequantised one tensor at a time, so peak memory stays near the size of the loaded weights.
 
 llama.cpp's converter permutes the rows of Q and K in Llama-family files for its interleaved rope;
 ``_unpermute`` undoes that so the model runs the NEOX rope of Hugging Face checkpoints.
@@ -26,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from kvpark.model.arch import SUPPORTED_ARCHS, ModelArch, ModelLoadError, RopeScaling
 from kvpark.model.ops.block_weights import BLOCK_TYPES, BlockWeight, half_at, nibbles
+from kvpark.model.ops.kquant_blocks import KQUANT_TYPES, kquant_from_gguf
 
 _MAGIC = b"GGUF"
 _SCALARS = {
@@ -143,13 +144,20 @@ class GgufFile:
         return qtype, raw
 
     def load_blocks(self, info: TensorInfo) -> BlockWeight | None:
-        """A 2-D Q4_0, Q4_1 or Q8_0 tensor kept in its blocks (``--weights blocks``); None for
-        any other tensor."""
-        if info.qtype not in BLOCK_TYPES or len(info.shape) != 2:
+        """A 2-D Q4_0, Q4_1 or Q8_0 tensor kept in its blocks, or a Q4_K or Q5_K one repacked into
+        blocks of 32 (``--weights blocks``); None for any other tensor (Q6_K included: its scales
+        per 16 weights have no exact 32-block form, docs/cpu-kernels.md)."""
+        if len(info.shape) != 2:
+            return None
+        if info.qtype in BLOCK_TYPES:
+            make = BlockWeight.from_gguf
+        elif info.qtype in KQUANT_TYPES:
+            make = kquant_from_gguf
+        else:
             return None
         _, raw = self._raw(info)
         shape = (info.shape[1], info.shape[0])
-        return BlockWeight.from_gguf(info.qtype, torch.from_numpy(raw.copy()), shape)
+        return make(info.qtype, torch.from_numpy(raw.copy()), shape)
 
     def load(self, info: TensorInfo) -> torch.Tensor:
         """One tensor dequantised, in torch layout (ggml shape reversed); float32, f16 or bf16."""
@@ -266,7 +274,8 @@ def iter_weights(
     g: GgufFile, arch: ModelArch, *, blocks: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | BlockWeight]]:
     """(Hugging Face name, tensor) for every tensor of the file, Q/K unpermuted for Llama. With
-    ``blocks``, Q4_0, Q4_1 and Q8_0 matrices come as ``BlockWeight`` instead of dequantised."""
+    ``blocks``, Q4_0, Q4_1, Q8_0, Q4_K and Q5_K matrices come as ``BlockWeight`` instead of
+    dequantised."""
     for info in g.tensors:
         name = hf_name(info.name)
         kept = g.load_blocks(info) if blocks else None

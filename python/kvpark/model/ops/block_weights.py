@@ -2,11 +2,11 @@
 
 A decode step reads every weight once, so on a CPU its time is the bytes it reads: the default
 model's Q4_1 weights are 4.5 bits each, 32 once expanded to float32. ``BlockWeight`` keeps Q4_0,
-Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32) and ``block_linear``
-multiplies them by float32 activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has
-them), expanding each block in registers. The expanded weights are bitwise the dequantised ones,
-and a row's result does not depend on the other rows of the step, so the op is row-invariant and
-exact mode uses it too.
+Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32), Q4_K and Q5_K repacked
+into the same 32-weight kinds (kquant_blocks.py); ``block_linear`` multiplies them by float32
+activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has them), expanding each block
+in registers. The expanded weights are bitwise the dequantised ones, and a row's result does not
+depend on the other rows of the step, so the op is row-invariant and exact mode uses it too.
 """
 
 from __future__ import annotations
@@ -31,10 +31,14 @@ class BlockWeight:
 
     ``kind`` "q4": ``qs`` [out, in / 2] uint8, GGUF's nibble order (weight i of a block in the low
     nibble of byte i, weight i + 16 in the high one); weight = scale * nibble + offset.
-    ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q; ``offset`` is None.
+    ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q, or scale * q + offset where
+    ``offset`` is given (Q5_K's sub-blocks; Q8_0 has None).
     ``scale`` and ``offset``: [out, in / 32] float32.
     ``dense``: the same matrix dequantised (bfloat16 or float32) for the prompt path's GEMM
     (``--prompt-path``, cpu_paths.py), or None.
+    ``int8``: ``block_linear`` rounds the activations to int8 per block of 32 and multiplies
+    them by the quants in integers (``--block-dot int8``, llama.cpp's arithmetic); False: float32
+    activations times each block expanded to float32 (``--block-dot float32``).
     """
 
     kind: str
@@ -42,6 +46,7 @@ class BlockWeight:
     scale: Tensor
     offset: Tensor | None
     dense: Tensor | None = None
+    int8: bool = False
 
     def __post_init__(self) -> None:
         _check(self)  # once here: block_linear hands the raw addresses to Rust on every call
@@ -77,8 +82,11 @@ class BlockWeight:
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
         if self.kind == "q8":
-            return (self.qs.view(-1, BLOCK).float() * scale).view(out, inp)
-        q = nibbles(self.qs.view(-1, BLOCK // 2))
+            q = self.qs.view(-1, BLOCK).float()
+            if self.offset is None:
+                return (q * scale).view(out, inp)
+        else:
+            q = nibbles(self.qs.view(-1, BLOCK // 2))
         assert self.offset is not None
         return (scale * q + self.offset.reshape(-1, 1)).view(out, inp)
 
@@ -89,20 +97,31 @@ class BlockWeight:
     def rows(self, index: Tensor) -> BlockWeight:
         """The matrix with its rows reordered (or selected) by ``index``."""
         offset = self.offset[index] if self.offset is not None else None
-        return BlockWeight(self.kind, self.qs[index], self.scale[index], offset)
+        return BlockWeight(self.kind, self.qs[index], self.scale[index], offset, int8=self.int8)
 
     @staticmethod
     def cat(parts: list[BlockWeight]) -> BlockWeight:
-        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix)."""
+        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix).
+
+        q8 parts with and without offsets (Q5_K beside Q8_0) fuse with offsets throughout: a part
+        without gets -0.0, which leaves every weight's bits as they were (x + -0.0 is x for every
+        float x, +0.0 included; a +0.0 offset would turn a -0.0 weight into +0.0)."""
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")
-        offsets = [p.offset for p in parts]
+        offset = None
+        if any(p.offset is not None for p in parts):
+            offset = torch.cat(
+                [
+                    p.offset if p.offset is not None else torch.full_like(p.scale, -0.0)
+                    for p in parts
+                ]
+            )
         return BlockWeight(
             parts[0].kind,
             torch.cat([p.qs for p in parts]),
             torch.cat([p.scale for p in parts]),
-            None if parts[0].kind == "q8" else torch.cat(offsets),  # type: ignore[arg-type]
+            offset,
         )
 
 
@@ -136,7 +155,7 @@ def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tenso
     if rows:
         if w.kind == "q4":
             assert w.offset is not None
-            _core._blockmm_q4(
+            (_core._blockmm_q4_i8 if w.int8 else _core._blockmm_q4)(
                 x.data_ptr(),
                 rows,
                 inp,
@@ -147,8 +166,15 @@ def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tenso
                 y.data_ptr(),
             )
         else:
-            _core._blockmm_q8(
-                x.data_ptr(), rows, inp, w.qs.data_ptr(), w.scale.data_ptr(), 0, out, y.data_ptr()
+            (_core._blockmm_q8_i8 if w.int8 else _core._blockmm_q8)(
+                x.data_ptr(),
+                rows,
+                inp,
+                w.qs.data_ptr(),
+                w.scale.data_ptr(),
+                w.offset.data_ptr() if w.offset is not None else 0,
+                out,
+                y.data_ptr(),
             )
     return y if bias is None else y.add_(bias)
 
@@ -162,12 +188,12 @@ def _check(w: BlockWeight) -> None:
     out, inp = w.shape
     qs_dtype, qs_cols = (torch.uint8, inp // 2) if w.kind == "q4" else (torch.int8, inp)
     want = [(w.qs, qs_dtype, (out, qs_cols)), (w.scale, torch.float32, (out, inp // BLOCK))]
-    if w.kind == "q4":
-        if w.offset is None:
-            raise ValueError("a q4 block weight needs offsets")
-        want.append((w.offset, torch.float32, (out, inp // BLOCK)))
-    elif w.kind != "q8":
+    if w.kind not in ("q4", "q8"):
         raise ValueError(f"unknown block kind {w.kind!r}")
+    if w.kind == "q4" and w.offset is None:
+        raise ValueError("a q4 block weight needs offsets")
+    if w.offset is not None:  # q4 always, q8 optionally
+        want.append((w.offset, torch.float32, (out, inp // BLOCK)))
     for t, dtype, shape in want:
         if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
             got = f"{t.dtype} {tuple(t.shape)}"
