@@ -24,11 +24,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import kvpark.model.ops
 from kvpark import LLM, SamplingParams
 from kvpark.bench.workload import WorkloadConfig, build_requests
 from kvpark.engine.outputs import TokenEvent
-from kvpark.model.ops import cpu_attention
+from kvpark.model.ops import cpu_attention, op_set
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int",
           "kvpark::block_linear")  # fmt: skip
@@ -102,9 +101,10 @@ def labelled(name: str, fn: Any) -> Any:
 
 def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
     """Milliseconds per step by op category, plus what no op accounts for."""
-    # the ops modules look these names up at each call, so patching them labels every call
-    block_linear, decode = kvpark.model.ops.block_linear, cpu_attention.decode
-    kvpark.model.ops.block_linear = labelled("kvpark::block_linear", block_linear)
+    # op_set and attention look these names up at each call, so patching them labels every
+    # decode call (prompt chunks, which prompt_linear multiplies, are not in these steps)
+    block_linear, decode = op_set.block_linear, cpu_attention.decode
+    op_set.block_linear = labelled("kvpark::block_linear", block_linear)
     cpu_attention.decode = labelled("kvpark::decode_attention", decode)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -113,7 +113,7 @@ def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
                 llm.engine.step()
             wall = time.perf_counter() - t
     finally:
-        kvpark.model.ops.block_linear, cpu_attention.decode = block_linear, decode
+        op_set.block_linear, cpu_attention.decode = block_linear, decode
     by_cat: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         by_cat[category(event.key)] += event.self_cpu_time_total / 1e3  # µs -> ms
@@ -134,6 +134,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weights", default="auto", help="auto, dense or blocks")
+    p.add_argument("--kv-dtype", default="auto", help="the KV pool's cells: auto, f32, bf16, f16")
     p.add_argument("--exact", action="store_true", help="exact mode's row-invariant ops")
     p.add_argument("--top", type=int, default=0, help="also print each batch's top N ops")
     args = p.parse_args()
@@ -142,6 +143,7 @@ def main() -> int:
         threads=args.threads,
         dtype=args.dtype,
         weights=args.weights,
+        kv_dtype=args.kv_dtype,
         exact=args.exact,
     )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)

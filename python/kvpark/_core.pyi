@@ -352,7 +352,7 @@ def _decode_attention(
     k: int,
     v: int,
     n_kv_values: int,
-    kv_bf16: bool,
+    kv_dtype: int,
     cells: int,
     seqs: int,
     stride: int,
@@ -364,9 +364,10 @@ def _decode_attention(
     out: int,
 ) -> None:
     """Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
-    [cells, kv_heads, head_dim] f32, or bf16 with kv_bf16 (n_kv_values each), cells [seqs,
-    stride] i64, context and rows [seqs] i64, out like q (only the sequences' rows written). See
-    kvpark.model.ops.cpu_attention (private), which checks the tensors behind the addresses.
+    [cells, kv_heads, head_dim] of kv_dtype (0 f32, 1 bf16, 2 f16; n_kv_values each), cells
+    [seqs, stride] i64, context and rows [seqs] i64, out like q (only the sequences' rows
+    written). See kvpark.model.ops.cpu_attention (private), which checks the tensors behind the
+    addresses.
     """
 
 def _rms_norm(x: int, n_values: int, weight: int, d: int, eps: float, out: int) -> None:
@@ -425,6 +426,7 @@ class _CpuDecoder:
         layers: list[_LayerSpec],
         kv_values: int,
         kv_dtype: str,
+        dot: str,
     ) -> _CpuDecoder: ...
     def step(
         self,

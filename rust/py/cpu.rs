@@ -162,9 +162,10 @@ unsafe fn q8_operands<'a>(
 }
 
 /// Decode attention read in place from the paged pool: q [rows, heads, head_dim] f32, k and v
-/// [cells, kv_heads, head_dim] f32, or bf16 with kv_bf16 (n_kv_values each), cells [seqs,
-/// stride] i64, context and rows [seqs] i64, out like q (only the sequences' rows written). See
-/// kvpark.model.ops.cpu_attention (private), which checks the tensors behind the addresses.
+/// [cells, kv_heads, head_dim] of kv_dtype (0 f32, 1 bf16, 2 f16; n_kv_values each), cells
+/// [seqs, stride] i64, context and rows [seqs] i64, out like q (only the sequences' rows
+/// written). See kvpark.model.ops.cpu_attention (private), which checks the tensors behind the
+/// addresses.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn _decode_attention(
@@ -174,7 +175,7 @@ pub(super) fn _decode_attention(
     k: usize,
     v: usize,
     n_kv_values: usize,
-    kv_bf16: bool,
+    kv_dtype: u8,
     cells: usize,
     seqs: usize,
     stride: usize,
@@ -185,12 +186,17 @@ pub(super) fn _decode_attention(
     head_dim: usize,
     out: usize,
 ) -> PyResult<()> {
+    if kv_dtype > 2 {
+        return Err(PyValueError::new_err(format!(
+            "kv_dtype {kv_dtype}: use 0 (f32), 1 (bf16) or 2 (f16)"
+        )));
+    }
     // SAFETY: as in _blockmm_q4; `out` does not overlap the inputs.
     let (q, k, v, cells, context, rows, out) = unsafe {
         (
             std::slice::from_raw_parts(q as *const f32, n_q_values),
-            kv_values(k, n_kv_values, kv_bf16),
-            kv_values(v, n_kv_values, kv_bf16),
+            kv_values(k, n_kv_values, kv_dtype),
+            kv_values(v, n_kv_values, kv_dtype),
             std::slice::from_raw_parts(cells as *const i64, seqs * stride),
             std::slice::from_raw_parts(context as *const i64, seqs),
             std::slice::from_raw_parts(rows as *const i64, seqs),
@@ -267,11 +273,12 @@ pub(super) fn _cpu_features(py: Python<'_>) -> PyResult<(Py<PyDict>, Py<PyDict>)
 }
 
 /// # Safety
-/// `at` is the address of `n` live values of the kind `bf16` names.
-unsafe fn kv_values<'a>(at: usize, n: usize, bf16: bool) -> kvpark_cpu_ops::KvValues<'a> {
-    if bf16 {
-        kvpark_cpu_ops::KvValues::Bf16(std::slice::from_raw_parts(at as *const u16, n))
-    } else {
-        kvpark_cpu_ops::KvValues::F32(std::slice::from_raw_parts(at as *const f32, n))
+/// `at` is the address of `n` live values of the kind `dtype` names (0 f32, 1 bf16, 2 f16).
+unsafe fn kv_values<'a>(at: usize, n: usize, dtype: u8) -> kvpark_cpu_ops::KvValues<'a> {
+    use kvpark_cpu_ops::KvValues;
+    match dtype {
+        0 => KvValues::F32(std::slice::from_raw_parts(at as *const f32, n)),
+        1 => KvValues::Bf16(std::slice::from_raw_parts(at as *const u16, n)),
+        _ => KvValues::F16(std::slice::from_raw_parts(at as *const u16, n)),
     }
 }

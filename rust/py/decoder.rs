@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use kvpark_cpu_ops::decoder::{self, KvCells, Layer, Model, Shape, Step, Workspace};
+use kvpark_cpu_ops::decoder::{self, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
 use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
 
 use super::errors::cpu_ops_err;
@@ -45,6 +45,13 @@ struct LayerSpec {
     v_cells: usize,
 }
 
+#[derive(Clone, Copy)]
+enum KvDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
 #[pyclass(name = "_CpuDecoder", module = "kvpark._core", frozen)]
 pub(super) struct PyCpuDecoder {
     shape: Shape,
@@ -56,7 +63,8 @@ pub(super) struct PyCpuDecoder {
     rope_values: usize,
     layers: Vec<LayerSpec>,
     kv_values: usize,
-    kv_bf16: bool,
+    kv_dtype: KvDtype,
+    dot: Dot,
     workspace: Mutex<Workspace>,
 }
 
@@ -109,8 +117,9 @@ fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
 #[pymethods]
 impl PyCpuDecoder {
     /// `shape`: (hidden, heads, kv_heads, head_dim, intermediate, vocab); `kv_values`: values in
-    /// each layer's K (and V) pool; `kv_dtype`: "float32" or "bfloat16"; `rope_values`: values
-    /// in each of the cos and sin tables ([positions, head_dim / 2]).
+    /// each layer's K (and V) pool; `kv_dtype`: "float32", "bfloat16" or "float16"; `rope_values`: values
+    /// in each of the cos and sin tables ([positions, head_dim / 2]); `dot`: "int8" or "float32"
+    /// (kvpark_cpu_ops::decoder::Dot).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -125,6 +134,7 @@ impl PyCpuDecoder {
         layers: Vec<LayerSpec>,
         kv_values: usize,
         kv_dtype: &str,
+        dot: &str,
     ) -> PyResult<Self> {
         let (hidden, heads, kv_heads, head_dim, intermediate, vocab) = shape;
         let shape = Shape {
@@ -136,10 +146,16 @@ impl PyCpuDecoder {
             vocab,
             eps,
         };
-        let kv_bf16 = match kv_dtype {
-            "float32" => false,
-            "bfloat16" => true,
+        let kv_dtype = match kv_dtype {
+            "float32" => KvDtype::F32,
+            "bfloat16" => KvDtype::Bf16,
+            "float16" => KvDtype::F16,
             other => return Err(PyValueError::new_err(format!("a {other} KV pool"))),
+        };
+        let dot = match dot {
+            "float32" => Dot::F32,
+            "int8" => Dot::Int8,
+            other => return Err(PyValueError::new_err(format!("block dot {other:?}"))),
         };
         let qkv = (heads + 2 * kv_heads) * head_dim;
         check_matrix("head", &head, vocab, hidden)?;
@@ -170,7 +186,8 @@ impl PyCpuDecoder {
             rope_values,
             layers,
             kv_values,
-            kv_bf16,
+            kv_dtype,
+            dot,
             workspace: Mutex::new(Workspace::default()),
         })
     }
@@ -214,6 +231,7 @@ impl PyCpuDecoder {
                 .collect();
             let model = Model {
                 shape: s,
+                dot: self.dot,
                 embed: weights(&self.embed),
                 layers,
                 norm: slice(self.norm, s.hidden),
@@ -223,10 +241,12 @@ impl PyCpuDecoder {
             };
             let n = self.kv_values;
             let cells = |at: usize| -> KvCells<'_> {
-                if self.kv_bf16 {
-                    KvCells::Bf16(std::slice::from_raw_parts_mut(at as *mut u16, n))
-                } else {
-                    KvCells::F32(std::slice::from_raw_parts_mut(at as *mut f32, n))
+                match self.kv_dtype {
+                    KvDtype::F32 => KvCells::F32(std::slice::from_raw_parts_mut(at as *mut f32, n)),
+                    KvDtype::Bf16 => {
+                        KvCells::Bf16(std::slice::from_raw_parts_mut(at as *mut u16, n))
+                    }
+                    KvDtype::F16 => KvCells::F16(std::slice::from_raw_parts_mut(at as *mut u16, n)),
                 }
             };
             let kv: Vec<_> = self

@@ -9,6 +9,7 @@ import torch
 from kvpark.model.arch import RopeScaling
 from kvpark.model.ops import KVCache, OpSet, attention
 from kvpark.model.ops.attention import paged_attention, prepare
+from kvpark.model.ops.cpu_attention import NativeDecode
 from kvpark.model.ops.kv_cache import store_kv
 from kvpark.model.ops.metadata import AttentionMetadata
 from kvpark.model.ops.norm import rms_norm
@@ -17,7 +18,7 @@ from support.attention import PAGE, STEPS, make_step, reference, tiny_arch
 
 
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4), (8, 1)])
 @pytest.mark.parametrize("step", list(STEPS))
 def test_paged_attention_matches_reference(
@@ -50,6 +51,39 @@ def test_paged_attention_matches_reference(
     assert (got.double() - want).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("pool", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_a_16_bit_pool_under_float32_activations_reads_its_values_widened(
+    step: str, pool: torch.dtype, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--kv-dtype``: float32 rows are stored rounded as ``.to(pool)`` rounds them, and both the
+    Rust decode kernel and the torch path (gather + SDPA, also every prompt row) attend over the
+    stored values widened exactly: float32 arithmetic on them, to float32's tolerance."""
+    if not native:  # the torch path for decode rows too, as where the kernel cannot run
+        monkeypatch.setattr(attention.cpu_attention, "usable", lambda device, dtype: False)
+    arch = tiny_arch(6, 2)
+    meta, cells = make_step(STEPS[step], n_pages=40, seed=len(step))
+    kv = KVCache.allocate(arch, 40, PAGE, pool, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    for layer in (kv.k[0], kv.v[0]):
+        layer.copy_(torch.randn(layer.shape, generator=g).to(pool))
+    q = torch.randn(meta.n_rows, 6, arch.head_dim, generator=g)
+    k_new = torch.randn(meta.n_rows, 2, arch.head_dim, generator=g) * 3
+    v_new = torch.randn(meta.n_rows, 2, arch.head_dim, generator=g)
+    store_kv(kv.k[0], kv.v[0], meta.slot_mapping, k_new, v_new)
+    k_flat, v_flat = kv.k[0].view(-1, 2, arch.head_dim), kv.v[0].view(-1, 2, arch.head_dim)
+    assert k_flat.dtype == pool and torch.equal(k_flat[meta.slot_mapping], k_new.to(pool))
+    assert not torch.equal(k_flat[meta.slot_mapping].float(), k_new)  # it was rounded
+    plan = prepare(meta, arch, pool)
+    has_native = any(isinstance(group, NativeDecode) for group in plan.groups)
+    assert has_native == (native and any(n == 1 for n, _ in STEPS[step]))
+    got = paged_attention(q, kv.k[0], kv.v[0], plan)
+    want = reference(q, k_flat.float(), v_flat.float(), meta, cells)
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max().item() < 1e-5
+
+
 def test_prepare_rejects_rows_beyond_context() -> None:
     meta, _ = make_step([(3, 3)], n_pages=4, seed=0)
     bad = AttentionMetadata(meta.slot_mapping, meta.query_start, [2], meta.cell_index, 3)
@@ -72,8 +106,9 @@ def test_kv_cache_pages() -> None:
         assert torch.equal(new[:4], old[:4])
     with pytest.raises(ValueError):
         kv.copy_pages([(0, 6)])
-    bf16 = KVCache.allocate(arch, 2, PAGE, torch.bfloat16, torch.device("cpu"))
-    assert bf16.bytes_per_cell() == kv.bytes_per_cell() // 2
+    for half in (torch.bfloat16, torch.float16):
+        cells16 = KVCache.allocate(arch, 2, PAGE, half, torch.device("cpu"))
+        assert cells16.bytes_per_cell() == kv.bytes_per_cell() // 2
 
 
 def test_rope_is_neox_rotation() -> None:

@@ -19,7 +19,7 @@ from support.attention import PAGE, STEPS, make_step, reference, tiny_arch
 
 LINEAR_SHAPES = [(64, 96), (576, 960), (1536, 576)]  # (in, out); the last two are SmolLM2's
 ROWS = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100]
-# Exact mode's attention: the op set's own (one Rust kernel entry per row on CPU float32 pools,
+# Exact mode's attention: the op set's own (one Rust kernel entry per row on CPU pools,
 # chunk tiles otherwise), and the torch chunk tiles on their own (CUDA without Triton).
 ATTENTION = {
     "exact": (exact_attention.prepare, exact_attention.exact_attention),
@@ -58,7 +58,7 @@ def _pool(dtype: torch.dtype, n_kv: int, d: int, n_pages: int = 400) -> KVCache:
 
 
 @pytest.mark.parametrize("impl", list(ATTENTION))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("step", list(STEPS))
 def test_exact_attention_matches_reference(step: str, dtype: torch.dtype, impl: str) -> None:
     prepare, attend = ATTENTION[impl]
@@ -70,7 +70,7 @@ def test_exact_attention_matches_reference(step: str, dtype: torch.dtype, impl: 
         layer.copy_(torch.randn(layer.shape, generator=g).to(dtype))
     q = torch.randn(meta.n_rows, 6, arch.head_dim, generator=g).to(dtype)
     plan = prepare(meta, arch, dtype)
-    native = impl == "exact"  # the Rust kernel on CPU float32 and bfloat16 pools
+    native = impl == "exact"  # the Rust kernel on every CPU pool
     assert isinstance(plan, NativeDecode) == native
     got = attend(q, kv.k[0], kv.v[0], plan)
     k_flat = kv.k[0].view(-1, 2, arch.head_dim)
@@ -123,7 +123,7 @@ class Sequences:
 
 
 @pytest.mark.parametrize("impl", list(ATTENTION))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4)])
 def test_exact_attention_rows_are_invariant(
     dtype: torch.dtype, heads: tuple[int, int], impl: str

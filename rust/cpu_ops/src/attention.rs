@@ -6,44 +6,14 @@
 //! threads of [`crate::set_threads`]. Not row-invariant work splitting is irrelevant here: each
 //! task's arithmetic is fixed, but the order of the sums is this file's, not torch's.
 
+mod kv_values;
+#[cfg(test)]
+mod tests;
+
 use crate::threads::{parallel, Output};
 use crate::ShapeError;
-
-/// The pool's K or V values: f32, or bf16 (the upper half of an f32's bits, widened exactly by a
-/// shift), `[cells, kv_heads, head_dim]`.
-#[derive(Clone, Copy, Debug)]
-pub enum KvValues<'a> {
-    F32(&'a [f32]),
-    Bf16(&'a [u16]),
-}
-
-impl KvValues<'_> {
-    fn len(&self) -> usize {
-        match self {
-            KvValues::F32(x) => x.len(),
-            KvValues::Bf16(x) => x.len(),
-        }
-    }
-}
-
-/// One stored K or V value, widened to f32 where it is used.
-trait KvElem: Copy {
-    fn widen(self) -> f32;
-}
-
-impl KvElem for f32 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
-    }
-}
-
-impl KvElem for u16 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        f32::from_bits((self as u32) << 16)
-    }
-}
+pub use kv_values::KvValues;
+use kv_values::{F16Plain, F16cRows, InPlace, KvElem, Rows};
 
 /// One step's decode rows and where their cells lie.
 #[derive(Clone, Copy, Debug)]
@@ -85,11 +55,10 @@ impl DecodeAttention<'_> {
         }
         let n_rows = self.q.len() / row;
         let cell = kv * d;
-        let same_kind = matches!(
-            (self.k, self.v),
-            (KvValues::F32(_), KvValues::F32(_)) | (KvValues::Bf16(_), KvValues::Bf16(_))
-        );
-        if !same_kind || self.k.len() != self.v.len() || !self.k.len().is_multiple_of(cell) {
+        if !self.k.same_kind(&self.v)
+            || self.k.len() != self.v.len()
+            || !self.k.len().is_multiple_of(cell)
+        {
             return Err(bad(format!(
                 "K and V must be whole cells of {cell} values, of one kind"
             )));
@@ -126,71 +95,89 @@ impl DecodeAttention<'_> {
 /// `out[row of b, h]` = softmax(q . K / sqrt(d)) V over sequence b's cells, for every sequence
 /// and head; other rows of `out` are left as they are.
 pub fn decode_attention(a: DecodeAttention<'_>, out: &mut [f32]) -> Result<(), ShapeError> {
+    run(a, out, crate::isa::avx2())
+}
+
+/// [`decode_attention`] with the SIMD paths on (where the CPU has them) or off: the same bits.
+fn run(a: DecodeAttention<'_>, out: &mut [f32], simd: bool) -> Result<(), ShapeError> {
     a.check(out.len())?;
+    match (a.k, a.v) {
+        (KvValues::F32(k), KvValues::F32(v)) => tasks(&a, InPlace(k), InPlace(v), simd, out),
+        (KvValues::Bf16(k), KvValues::Bf16(v)) => tasks(&a, InPlace(k), InPlace(v), simd, out),
+        (KvValues::F16(k), KvValues::F16(v)) => match (F16cRows::new(k), F16cRows::new(v)) {
+            (Some(k), Some(v)) if simd => tasks(&a, k, v, simd, out),
+            _ => tasks(&a, F16Plain(k), F16Plain(v), simd, out),
+        },
+        _ => unreachable!("check() refuses K and V of two kinds"),
+    }
+    Ok(())
+}
+
+/// Every (sequence, KV head) task, split over the kernel threads.
+fn tasks<R: Rows>(a: &DecodeAttention<'_>, k: R, v: R, simd: bool, out: &mut [f32]) {
     let out = Output::new(out);
     let tasks = a.rows.len() * a.kv_heads;
     let work: usize =
         a.context.iter().map(|&c| c as usize).sum::<usize>() * a.kv_heads * a.head_dim;
-    let simd = crate::avx2::available();
     parallel(tasks, work, &|range| {
         let mut scratch = Vec::new();
         for task in range {
-            match (a.k, a.v, simd) {
-                // SAFETY: AVX2 and FMA are present (checked by avx2::available).
-                (KvValues::F32(k), KvValues::F32(v), true) => unsafe {
-                    task_avx2(&a, k, v, task, &out, &mut scratch)
-                },
-                (KvValues::Bf16(k), KvValues::Bf16(v), true) => unsafe {
-                    task_avx2(&a, k, v, task, &out, &mut scratch)
-                },
-                (KvValues::F32(k), KvValues::F32(v), false) => {
-                    one_task(&a, k, v, task, &out, &mut scratch)
-                }
-                (KvValues::Bf16(k), KvValues::Bf16(v), false) => {
-                    one_task(&a, k, v, task, &out, &mut scratch)
-                }
-                _ => unreachable!("check() refuses K and V of two kinds"),
+            if simd && R::F16C {
+                // SAFETY: AVX2 and FMA are present (isa::avx2), and F16C (R::F16C).
+                unsafe { task_f16c(a, k, v, task, &out, &mut scratch) }
+            } else if simd {
+                // SAFETY: AVX2 and FMA are present (isa::avx2).
+                unsafe { task_avx2(a, k, v, task, &out, &mut scratch) }
+            } else {
+                one_task(a, k, v, task, &out, &mut scratch)
             }
         }
     });
-    Ok(())
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2<T: KvElem>(
-    a: &DecodeAttention<'_>,
-    k: &[T],
-    v: &[T],
-    task: usize,
-    out: &Output<'_>,
-    s: &mut Vec<f32>,
-) {
-    one_task(a, k, v, task, out, s)
+/// [`one_task`] compiled for a SIMD level (on x86-64; elsewhere it is `one_task`).
+macro_rules! simd_task {
+    ($(#[$doc:meta])* $name:ident, $features:literal) => {
+        $(#[$doc])*
+        #[cfg_attr(target_arch = "x86_64", target_feature(enable = $features))]
+        unsafe fn $name<R: Rows>(
+            a: &DecodeAttention<'_>,
+            k: R,
+            v: R,
+            task: usize,
+            out: &Output<'_>,
+            s: &mut Vec<f32>,
+        ) {
+            one_task(a, k, v, task, out, s)
+        }
+    };
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn task_avx2<T: KvElem>(
-    a: &DecodeAttention<'_>,
-    k: &[T],
-    v: &[T],
-    task: usize,
-    out: &Output<'_>,
-    s: &mut Vec<f32>,
-) {
-    one_task(a, k, v, task, out, s)
-}
+simd_task!(
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    task_avx2,
+    "avx2,fma"
+);
+simd_task!(
+    /// With F16C too, so that [`F16cRows`]' conversions are inlined.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    task_f16c,
+    "avx2,fma,f16c"
+);
 
 /// Sequence `task / kv_heads`, KV head `task % kv_heads`: its `group` query heads. The same
-/// arithmetic for f32 and bf16 values: each is widened to f32 (exactly) where it is read.
+/// arithmetic whatever the pool holds: each value is widened to f32 (exactly) where it is read.
 #[inline(always)]
-fn one_task<T: KvElem>(
+fn one_task<R: Rows>(
     a: &DecodeAttention<'_>,
-    k_all: &[T],
-    v_all: &[T],
+    k_all: R,
+    v_all: R,
     task: usize,
     out: &Output<'_>,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
     let (kv, d) = (a.kv_heads, a.head_dim);
     let group = a.heads / kv;
@@ -200,15 +187,18 @@ fn one_task<T: KvElem>(
     let cells = &a.cells[b * a.stride..b * a.stride + ctx];
     let scale = 1.0 / (d as f32).sqrt();
     let q_at = |j: usize| (row * a.heads + g * group + j) * d;
-    // One buffer per thread for the scores and the accumulator: no allocation per task.
-    scores.clear();
-    scores.resize(group * (ctx + d), 0.0);
-    let (scores, acc) = scores.split_at_mut(group * ctx);
+    let at = |cell: i64| (cell as usize * kv + g) * d;
+    // One buffer per thread for the scores, the accumulator and a widened row: no allocation
+    // per task.
+    scratch.clear();
+    scratch.resize(group * (ctx + d) + d, 0.0);
+    let (scores, rest) = scratch.split_at_mut(group * ctx);
+    let (acc, wide) = rest.split_at_mut(group * d);
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            prefetch_row(k_all, (ahead as usize * kv + g) * d, d);
+            k_all.prefetch(at(ahead), d);
         }
-        let k = &k_all[(cell as usize * kv + g) * d..][..d];
+        let k = k_all.row(at(cell), d, wide);
         for j in 0..group {
             scores[j * ctx + c] = dot(&a.q[q_at(j)..][..d], k) * scale;
         }
@@ -226,9 +216,9 @@ fn one_task<T: KvElem>(
     }
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            prefetch_row(v_all, (ahead as usize * kv + g) * d, d);
+            v_all.prefetch(at(ahead), d);
         }
-        let v = &v_all[(cell as usize * kv + g) * d..][..d];
+        let v = v_all.row(at(cell), d, wide);
         for j in 0..group {
             let p = scores[j * ctx + c];
             for (o, x) in acc[j * d..(j + 1) * d].iter_mut().zip(v) {
@@ -246,23 +236,6 @@ fn one_task<T: KvElem>(
 /// Cells ahead whose K (or V) row is requested before it is read: a sequence's cells lie in
 /// pages scattered over the pool, where the hardware prefetcher cannot follow.
 const PREFETCH_CELLS: usize = 6;
-
-/// Asks for the cache lines of `values[at..at + len]`; a no-op off x86-64.
-#[inline(always)]
-fn prefetch_row<T>(values: &[T], at: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let row = &values[at..at + len];
-        let per_line = 64 / std::mem::size_of::<T>();
-        for line in (0..len).step_by(per_line) {
-            // SAFETY: the address lies inside `row`, and a prefetch never faults anyway.
-            unsafe { _mm_prefetch(row.as_ptr().add(line) as *const i8, _MM_HINT_T0) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (values, at, len);
-}
 
 #[inline(always)]
 fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {

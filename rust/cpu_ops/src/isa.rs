@@ -55,6 +55,8 @@ pub struct Features {
     pub avx512vl: bool,
     pub avx512_bf16: bool,
     pub avx512_vnni: bool,
+    /// F16C's f16 -> f32 conversions (float16 KV cells), with the OS saving AVX registers.
+    pub f16c: bool,
 }
 
 impl Features {
@@ -70,6 +72,8 @@ impl Features {
                 avx512vl: is_x86_feature_detected!("avx512vl"),
                 avx512_bf16: is_x86_feature_detected!("avx512bf16"),
                 avx512_vnni: is_x86_feature_detected!("avx512vnni"),
+                // std reports F16C from CPUID alone; its 256-bit form needs AVX state saved too
+                f16c: is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -102,6 +106,7 @@ impl Features {
         if cap < Isa::Avx2 {
             f.avx2 = false;
             f.fma = false;
+            f.f16c = false;
         }
         f
     }
@@ -139,8 +144,10 @@ mod tests {
             avx512vl: true,
             avx512_bf16: true,
             avx512_vnni: true,
+            f16c: true,
         };
         assert_eq!(all.level(), Isa::Avx512);
+        assert!(all.capped(Isa::Avx2).f16c && !all.capped(Isa::Plain).f16c);
         assert_eq!(all.capped(Isa::Avx2).level(), Isa::Avx2);
         assert!(!all.capped(Isa::Avx2).avx512_bf16);
         assert_eq!(all.capped(Isa::Plain).level(), Isa::Plain);

@@ -11,6 +11,19 @@ fn lcg(seed: &mut u64) -> f32 {
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
+/// A finite f16's value from its fields (sign * 1.frac * 2^(exp - 15); subnormal: frac * 2^-24).
+fn f16_value(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let (exp, frac) = (i32::from((h >> 10) & 0x1f), f64::from(h & 0x3ff));
+    assert!(exp < 31, "finite values only");
+    let magnitude = if exp == 0 {
+        frac * 2f64.powi(-24)
+    } else {
+        (1.0 + frac / 1024.0) * 2f64.powi(exp - 15)
+    };
+    (sign * magnitude) as f32
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
@@ -61,16 +74,22 @@ proptest! {
     }
 
     #[test]
-    fn a_bf16_pool_gives_the_bits_of_its_values_widened(
+    fn a_16_bit_pool_gives_the_bits_of_its_values_widened(
         seqs in 1usize..5, kv in 1usize..3, group in 1usize..3, max_ctx in 1usize..30,
-        threads in 1usize..3, seed: u64,
+        threads in 1usize..3, seed: u64, f16 in any::<bool>(),
     ) {
         let (d, heads, mut s) = (64usize, kv * group, seed);
         let n_cells = seqs * max_ctx + 1;
-        let half = |s: &mut u64| (lcg(s).to_bits() >> 16) as u16;
+        // bf16: an f32's upper half; f16: magnitudes below 4, subnormals and zeros among them
+        let half = |s: &mut u64| if f16 {
+            let r = lcg(s).to_bits();
+            (r as u16 & 0x83ff) | (((r >> 10) % 17) as u16) << 10
+        } else {
+            (lcg(s).to_bits() >> 16) as u16
+        };
         let k16: Vec<u16> = (0..n_cells * kv * d).map(|_| half(&mut s)).collect();
         let v16: Vec<u16> = (0..n_cells * kv * d).map(|_| half(&mut s)).collect();
-        let widen = |x: &Vec<u16>| x.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect::<Vec<f32>>();
+        let widen = |x: &Vec<u16>| x.iter().map(|&b| if f16 { f16_value(b) } else { f32::from_bits((b as u32) << 16) }).collect::<Vec<f32>>();
         let (k32, v32) = (widen(&k16), widen(&v16));
         let cells: Vec<i64> = (0..(seqs * max_ctx) as i64).rev().collect();
         let context: Vec<i64> = (0..seqs).map(|b| 1 + ((b + seed as usize) % max_ctx) as i64).collect();
@@ -83,8 +102,13 @@ proptest! {
             decode_attention(a, &mut out).unwrap();
             out
         };
-        let narrow = run(KvValues::Bf16(&k16), KvValues::Bf16(&v16));
+        let narrow = if f16 {
+            run(KvValues::F16(&k16), KvValues::F16(&v16))
+        } else {
+            run(KvValues::Bf16(&k16), KvValues::Bf16(&v16))
+        };
         let wide = run(KvValues::F32(&k32), KvValues::F32(&v32));
+        prop_assert!(narrow.iter().all(|x| x.is_finite()));
         prop_assert!(narrow.iter().zip(&wide).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }
@@ -106,6 +130,13 @@ fn bad_arguments_are_refused() {
     };
     let mut out = vec![0.0; 8];
     assert!(decode_attention(base, &mut out).is_ok());
+    let (k16, v16) = (vec![0u16; 16], vec![0u16; 16]);
+    let f16 = DecodeAttention {
+        k: KvValues::F16(&k16),
+        v: KvValues::F16(&v16),
+        ..base
+    };
+    assert!(decode_attention(f16, &mut out).is_ok());
     let cases = [
         DecodeAttention {
             cells: &[0, 9],
@@ -117,6 +148,10 @@ fn bad_arguments_are_refused() {
         },
         DecodeAttention { rows: &[1], ..base },
         DecodeAttention { heads: 3, ..base },
+        DecodeAttention {
+            v: KvValues::Bf16(&v16),
+            ..f16
+        },
         DecodeAttention {
             context: &[0],
             ..base

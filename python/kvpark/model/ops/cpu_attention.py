@@ -4,8 +4,8 @@ The torch path (``attention.py``) gathers every decode sequence's cells into a p
 ``index_select`` and then runs SDPA: at 8 decoding chats that gather was the largest op of a
 step. The Rust kernel reads each cell's K and V where it lies, through the sequence's cell list,
 for all decode rows of a step in one call, split over the CPU kernel threads. Prompt rows keep the
-torch path. Float32 and bfloat16 pools (a bf16 value is widened exactly where it is read);
-``attention.prepare`` picks this path by itself. Exact mode sends
+torch path. Float32, bfloat16 and float16 pools (a 16-bit value is widened exactly where it is
+read); ``attention.prepare`` picks this path by itself. Exact mode sends
 every row through it, prompt rows as entries of their own (``plan_rows``).
 """
 
@@ -19,7 +19,8 @@ import kvpark._core as _core
 from kvpark.model.ops.metadata import AttentionMetadata
 
 Tensor = torch.Tensor
-POOL_DTYPES = (torch.float32, torch.bfloat16)  # the cells the kernel reads (bf16 widened exactly)
+# the cells the kernel reads (16-bit ones widened exactly), each with the binding's code for it
+POOL_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def plan_rows(meta: AttentionMetadata) -> NativeDecode:
 def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, p: NativeDecode, out: Tensor) -> None:
     """out[rows] = attention of q[rows] [T, heads, D] over each sequence's cells of k_cache,
     v_cache [pages, page_size, kv_heads, D]; the other rows of ``out`` are left alone. The kernel
-    computes in float32: queries of another dtype (a bf16 model) are widened, each row on its
+    computes in float32: queries of another dtype (a bf16 or f16 model) are widened, each row on its
     own, and its rows of ``out`` rounded back."""
     if q.dtype != torch.float32:
         wide = out.float()
@@ -89,7 +90,9 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, p: NativeDecode, out: Te
     if out.dtype != torch.float32 or v_cache.dtype != kv_dtype:
         raise ValueError("CPU decode attention takes float32 queries and one K/V dtype")
     if kv_dtype not in POOL_DTYPES:
-        raise ValueError(f"CPU decode attention reads float32 or bfloat16 pools, not {kv_dtype}")
+        raise ValueError(
+            f"CPU decode attention reads float32, bfloat16 or float16 pools, not {kv_dtype}"
+        )
     if out.shape != q.shape or k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
         raise ValueError(f"shapes q {tuple(q.shape)}, K {tuple(k_cache.shape)} do not fit")
     _core._decode_attention(
@@ -98,7 +101,7 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, p: NativeDecode, out: Te
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         k_cache.numel(),
-        kv_dtype == torch.bfloat16,
+        POOL_DTYPES[kv_dtype],
         p.cells.data_ptr(),
         p.cells.shape[0],
         p.cells.shape[1],

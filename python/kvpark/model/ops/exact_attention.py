@@ -1,10 +1,10 @@
 """Exact mode's attention: every row of a step computed on its own, one code path for prompt and
 decode rows (SPEC §6).
 
-On the CPU with a float32 or bfloat16 pool, each row is one entry of the Rust kernel
+On the CPU (float32, bfloat16 or float16 pools), each row is one entry of the Rust kernel
 (``cpu_attention``): a row at position ``p`` reads its sequence's first ``p + 1`` cells in place,
 with a per-entry arithmetic that no other row, no thread split and no chunk cut can change.
-Elsewhere (CUDA without the Triton set, half-precision pools) the torch ``chunked_attention`` keeps
+Elsewhere (CUDA without the Triton set) the torch ``chunked_attention`` keeps
 the same promise with fixed query tiles and key chunks. The two paths give different bits from each
 other; one runner uses one.
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def prepare(
     meta: AttentionMetadata, arch: ModelArch, dtype: torch.dtype
 ) -> NativeDecode | ChunkedPlan:
-    """The step's plan: native rows on CPU float32 and bfloat16 pools, chunk tiles otherwise."""
+    """The step's plan: native rows on the CPU's pools, chunk tiles otherwise."""
     if cpu_attention.usable(meta.cell_index.device, dtype):
         return cpu_attention.plan_rows(meta)
     return chunked_attention.prepare(meta, arch, dtype)

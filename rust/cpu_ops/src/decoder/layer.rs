@@ -1,7 +1,9 @@
 //! One transformer layer over a step's rows, in place on the residual stream `x`.
 
 use super::{sized, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
-use crate::{decode_attention, matmul_i8, DecodeAttention, I8Kernel, I8Scratch, ShapeError, Weights};
+use crate::{
+    decode_attention, matmul_i8, DecodeAttention, I8Kernel, I8Scratch, ShapeError, Weights,
+};
 
 /// `y = x @ W.T` on the thread team, in the arithmetic `dot` names.
 pub(crate) fn matmul(

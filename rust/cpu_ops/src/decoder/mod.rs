@@ -19,7 +19,7 @@ mod layer;
 mod silu;
 
 use crate::{ShapeError, Weights};
-pub use kv::{bf16_bits, KvCells};
+pub use kv::{bf16_bits, f16_bits, KvCells};
 
 /// The model's sizes.
 #[derive(Clone, Copy, Debug)]

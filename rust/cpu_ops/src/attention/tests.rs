@@ -1,0 +1,135 @@
+//! The f16 widening against a float64 reference over every bit pattern, F16C against the plain
+//! conversion, and the kernel's SIMD path against its plain path for every kind of pool.
+
+use super::kv_values::{f16_to_f32, widen_f16c, F16cRows};
+use super::{run, DecodeAttention, KvValues};
+
+/// An f16's value computed from its fields in f64 (sign * 1.frac * 2^(exp - 15), or
+/// sign * frac * 2^-24 when subnormal), then rounded to f32, which is exact.
+fn reference(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let (exp, frac) = (i32::from((h >> 10) & 0x1f), f64::from(h & 0x3ff));
+    let value = match exp {
+        0 => sign * frac * 2f64.powi(-24),
+        31 if frac == 0.0 => sign * f64::INFINITY,
+        31 => f64::NAN,
+        _ => sign * (1.0 + frac / 1024.0) * 2f64.powi(exp - 15),
+    };
+    value as f32
+}
+
+#[test]
+fn f16_widening_is_exact_for_every_bit_pattern() {
+    let mut subnormals = 0;
+    for h in 0..=u16::MAX {
+        let (got, want) = (f16_to_f32(h), reference(h));
+        if want.is_nan() {
+            // a NaN keeps its sign and payload and comes out quiet, as vcvtph2ps makes it
+            let payload = u32::from(h & 0x3ff) << 13;
+            let quiet = 0x7fc0_0000 | (u32::from(h & 0x8000) << 16);
+            assert!(got.is_nan(), "{h:#06x}");
+            assert_eq!(got.to_bits(), quiet | payload, "{h:#06x}");
+        } else {
+            assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}: {got} vs {want}");
+        }
+        subnormals += usize::from(h & 0x7c00 == 0 && h & 0x3ff != 0);
+    }
+    assert_eq!(subnormals, 2 * 1023);
+    assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+    assert_eq!(f16_to_f32(0x7bff), 65504.0);
+    assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
+    assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+}
+
+#[test]
+fn f16c_widens_every_bit_pattern_as_the_plain_conversion_does() {
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    let want: Vec<f32> = all.iter().map(|&h| f16_to_f32(h)).collect();
+    if F16cRows::new(&all).is_none() {
+        // no F16C here (or KVPARK_CPU_ISA=plain): every f16 pool is read by f16_to_f32
+        assert!(!crate::isa::effective().f16c);
+        return;
+    }
+    // rows of 61: vcvtph2ps for whole eights, the plain conversion for each row's tail of 5
+    let mut got = vec![f32::NAN; all.len()];
+    for (src, dst) in all.chunks(61).zip(got.chunks_mut(61)) {
+        // SAFETY: the CPU has F16C (F16cRows::new says so).
+        unsafe { widen_f16c(src, dst) };
+    }
+    let same = got
+        .iter()
+        .zip(&want)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "F16C and f16_to_f32 disagree");
+}
+
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *seed >> 33
+}
+
+/// Random f16 bit patterns of magnitude below 4, subnormals and zeros among them.
+fn f16_bits(n: usize, seed: &mut u64) -> Vec<u16> {
+    (0..n)
+        .map(|_| {
+            let r = lcg(seed);
+            let exp = (r % 17) as u16; // 0 (subnormal or zero) ..= 16 (values in [2, 4))
+            ((r >> 8) as u16 & 0x8000) | (exp << 10) | ((r >> 20) as u16 & 0x3ff)
+        })
+        .collect()
+}
+
+#[test]
+fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
+    let simd = crate::isa::avx2();
+    let mut seed = 7;
+    for (d, kv, group, seqs, ctx) in [(64, 3, 3, 4, 37), (12, 2, 2, 3, 9), (8, 1, 4, 2, 70)] {
+        let (heads, n_cells) = (kv * group, seqs * ctx + 5);
+        let n = n_cells * kv * d;
+        let (k16, v16) = (f16_bits(n, &mut seed), f16_bits(n, &mut seed));
+        let k32: Vec<f32> = k16.iter().map(|&h| f16_to_f32(h)).collect();
+        let v32: Vec<f32> = v16.iter().map(|&h| f16_to_f32(h)).collect();
+        let cells: Vec<i64> = (0..(seqs * ctx) as i64)
+            .map(|c| (c * 7) % n_cells as i64)
+            .collect();
+        let context: Vec<i64> = (0..seqs as i64).map(|b| ctx as i64 - 3 * b).collect();
+        let rows: Vec<i64> = (0..seqs as i64).rev().collect();
+        let q: Vec<f32> = (0..seqs * heads * d)
+            .map(|_| lcg(&mut seed) as f32 / (1u64 << 30) as f32 - 1.0)
+            .collect();
+        let attend = |k: KvValues<'_>, v: KvValues<'_>, simd: bool| {
+            let mut out = vec![f32::NAN; q.len()];
+            let a = DecodeAttention {
+                q: &q,
+                k,
+                v,
+                cells: &cells,
+                stride: ctx,
+                context: &context,
+                rows: &rows,
+                heads,
+                kv_heads: kv,
+                head_dim: d,
+            };
+            run(a, &mut out, simd).unwrap();
+            out
+        };
+        let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
+        let pools = [
+            (KvValues::F32(&k32), KvValues::F32(&v32)),
+            (KvValues::Bf16(&k16), KvValues::Bf16(&v16)),
+            (KvValues::F16(&k16), KvValues::F16(&v16)),
+        ];
+        let wide = bits(attend(pools[0].0, pools[0].1, false));
+        assert!(wide.iter().all(|&b| !f32::from_bits(b).is_nan()));
+        for (k, v) in pools {
+            let plain = bits(attend(k, v, false));
+            assert_eq!(plain, bits(attend(k, v, simd)), "{k:?}");
+            if matches!(k, KvValues::F16(_)) {
+                assert_eq!(plain, wide, "an f16 pool reads as its values widened");
+            }
+        }
+    }
+}
