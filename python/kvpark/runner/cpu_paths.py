@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 PROMPT_MIN_ROWS = 64
 PROMPT_PATHS = ("auto", "same", "float32", "bfloat16")
+BLOCK_DOTS = ("auto", "int8", "float32")
 # Every spelling --kv-dtype (and ModelConfig.kv_dtype) takes, to its canonical name (torch's)
 KV_DTYPE_NAMES = {
     "auto": "auto",
@@ -50,6 +51,8 @@ class CpuPaths:
     prompt_dtype: str | None  # prompt chunks in a dense GEMM of this dtype; None: as decode rows
     kv_dtype: str = "float32"  # the KV pool's cells
     prompt_min_rows: int = PROMPT_MIN_ROWS
+    # how block products multiply: int8 activations (llama.cpp's arithmetic) or float32 ones
+    block_dot: str = "int8"
 
     def describe(self) -> dict[str, object]:
         """What ``/props`` shows (``cpu``)."""
@@ -60,11 +63,12 @@ class CpuPaths:
             "prompt_path": f"dense {self.prompt_dtype}" if self.prompt_dtype else "same",
             "prompt_min_rows": self.prompt_min_rows if self.prompt_dtype else None,
             "kv_dtype": self.kv_dtype,
+            "block_dot": self.block_dot if self.blocks else None,
         }
 
     def summary(self) -> str:
         """One line for the start-up log."""
-        decode = f"{self.dtype} x {'blocks' if self.blocks else 'dense'}"
+        decode = f"{self.dtype} x " + (f"blocks ({self.block_dot} dot)" if self.blocks else "dense")
         prompt = (
             f"dense {self.prompt_dtype} for chunks of >= {self.prompt_min_rows} rows"
             if self.prompt_dtype
@@ -80,6 +84,7 @@ def choose(
     weights: str = "auto",
     prompt_path: str = "auto",
     kv_dtype: str = "auto",
+    block_dot: str = "auto",
     exact: bool = False,
 ) -> CpuPaths:
     """The rule of the module docstring. ``features``: the effective flags (``isa`` and the
@@ -126,4 +131,20 @@ def choose(
         # shift) is as fast as F16C's, faster without it, and it has float32's range, where f16
         # overflows past 65504 (docs/cpu-kernels.md). A float16 model keeps float16 cells.
         kv_dtype = "float16" if dtype == "float16" else "bfloat16"
-    return CpuPaths(isa=isa, dtype=dtype, blocks=blocks, prompt_dtype=prompt, kv_dtype=kv_dtype)
+    if block_dot not in BLOCK_DOTS:
+        raise ValueError(f"unknown block dot {block_dot!r}; use {', '.join(BLOCK_DOTS)}")
+    if block_dot == "auto":
+        block_dot = AUTO_BLOCK_DOT
+    return CpuPaths(
+        isa=isa,
+        dtype=dtype,
+        blocks=blocks,
+        prompt_dtype=prompt,
+        kv_dtype=kv_dtype,
+        block_dot=block_dot,
+    )
+
+
+# int8 activations: llama.cpp's arithmetic on the same blocks (its greedy tokens,
+# tests/model/test_llamacpp_greedy.py) and the faster product (docs/cpu-kernels.md)
+AUTO_BLOCK_DOT = "int8"

@@ -15,9 +15,11 @@ Which steps run where (docs/cpu-kernels.md):
   for wide row counts;
 - every other step, and in exact mode every step, runs in Rust.
 
-The decoder needs block weights for every layer matrix and the head and a float32 or bfloat16
-pool; a model without them (``--weights dense``, a CPU without AVX2, a safetensors checkpoint)
-runs all of its steps through torch, and ``--runner native`` refuses it instead.
+The decoder needs block weights for every layer matrix, the head and the token embedding, and
+multiplies them as ``--block-dot`` says (int8 or float32 activations, as the torch runner's
+``block_linear`` does); a model without them (``--weights dense``, a CPU without AVX2, a
+safetensors checkpoint) runs all of its steps through torch, and ``--runner native`` refuses
+it instead.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvpark.runner.native_runner")
 
-_POOL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_POOL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class NativeCpuRunner(TorchRunner):
@@ -148,6 +150,7 @@ class NativeCpuRunner(TorchRunner):
             layers,
             self.kv.k[0].numel(),
             _POOL_DTYPES[pool_dtype],
+            "int8" if model.lm_head.int8 else "float32",  # set_block_dot set every matrix alike
         )
 
     # ---------------------------------------------------------------- one step

@@ -79,6 +79,7 @@ def resolve_cpu_paths(config: ModelConfig) -> CpuPaths:
         weights=config.weights,
         prompt_path=config.prompt_path,
         kv_dtype=config.kv_dtype,
+        block_dot=config.block_dot,
         exact=config.exact,
     )
 
@@ -130,6 +131,8 @@ class TorchRunner:
                 raise ValueError(f"--prompt-path {model_config.prompt_path} is for the CPU")
             if model_config.kv_dtype != "auto":
                 raise ValueError(f"--kv-dtype {model_config.kv_dtype} is for the CPU")
+            if model_config.block_dot != "auto":
+                raise ValueError(f"--block-dot {model_config.block_dot} is for the CPU")
             self.dtype = resolve_dtype(model_config.dtype, self.device)
             blocks = resolve_weights(model_config.weights, self.device, self.dtype)
         self.kv_dtype = (
@@ -159,6 +162,8 @@ class TorchRunner:
             self.device,
             "block" if blocks else "dense",
         )
+        if self.cpu_paths is not None and self.cpu_paths.blocks:
+            self.loaded.model.set_block_dot(int8=self.cpu_paths.block_dot == "int8")
         self.prompt_min_rows: int | None = None
         if self.cpu_paths is not None and self.cpu_paths.prompt_dtype is not None:
             self.prompt_min_rows = self.cpu_paths.prompt_min_rows
