@@ -12,7 +12,7 @@ is switched off). The cache holds one folder per version::
         tools/            venv with cmake and ninja
         sdist/            the downloaded .tar.gz, and its unpacked tree
         build/            the cmake build tree (kept: a failed build resumes where it stopped)
-        llama-server      the binary (static: it needs none of the above)
+        llama-server      the binary (llama.cpp linked in statically: it needs none of the above)
         llama-server.json llama.cpp's tag, the cmake flags, tool versions, build time
 
 A second run finds ``llama-server.json`` and prints the path at once. Never part of ``make test``.
