@@ -1,10 +1,11 @@
 """The CPU comparison's own layers, on fakes: the peer's build cache, the peak-memory sampler on a
-fake ``/proc``, the servers' commands, the targets' verdicts and the docs table. Nothing here
-builds llama.cpp or starts a server.
+fake ``/proc``, the servers' commands, the targets' verdicts, the docs table, and the reference
+maker's parsing of a ``/completion`` answer. Nothing here builds llama.cpp or starts a server.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import build_llama_server as build
+import make_llamacpp_reference as reference
 import peak_rss
 import run_cpu_comparison as comparison
 from kvpark.bench.compare import compare
@@ -160,3 +162,19 @@ def test_a_missing_peer_exits_2_or_is_skipped(
     assert comparison.available(args, names, asked=False) == ["kvpark"]
     assert capsys.readouterr().out.startswith("skipping llama-cpp-python")
     assert comparison.available(args, names, asked=True) == 2
+
+
+def test_the_reference_reads_greedy_ids_and_the_two_best() -> None:
+    answer = {
+        "tokens": [5, 7],
+        "completion_probabilities": [
+            {"id": 5, "logprob": -0.1, "top_logprobs": [{"id": 9, "logprob": -2.5},
+                                                        {"id": 5, "logprob": -0.1}]},
+            {"id": 7, "logprob": -0.5, "top_logprobs": [{"id": 7, "logprob": -0.5}]},
+        ],
+    }  # fmt: skip
+    assert reference.greedy_record(answer) == ([5, 7], [[[5, -0.1], [9, -2.5]], [[7, -0.5]]])
+    body = reference.completion_body([1, 2])
+    assert body["prompt"] == [1, 2] and body["n_predict"] == 32 and body["temperature"] == 0
+    assert body["top_k"] == 1 and body["cache_prompt"] is False and body["ignore_eos"] is True
+    json.dumps(body)
