@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import build_llama_server as build
+import cpu_targets as targets
 import make_llamacpp_reference as reference
 import peak_rss
 import run_cpu_comparison as comparison
@@ -129,27 +130,27 @@ RUNS = [
 
 def test_the_targets_are_judged_against_llama_server() -> None:
     memory = {"llama-server": 200.0, "kvpark": 500.0}
-    verdicts = comparison.judge(compare(RUNS, "llama-server"), memory)
+    verdicts = targets.judge(compare(RUNS, "llama-server"), memory)
     single, agg8, rss = verdicts
     assert single["ratio"] == pytest.approx(1.1) and single["met"] and not single["stretch_met"]
     assert agg8["ratio"] == pytest.approx(2.1) and agg8["met"] and not agg8["stretch_met"]
     assert rss["ratio"] == pytest.approx(2.5) and rss["met"] is False  # at most 2x
-    text = comparison.format_goals(verdicts, "llama-server")
+    text = targets.format_goals(verdicts, "llama-server")
     assert "1.10x (target >= 1x): MET; stretch 1.3x: NOT MET" in text
     assert "peak resident memory: 2.50x (target <= 2x): NOT MET" in text
-    missing = comparison.judge(compare(RUNS, "llama-server"), {"kvpark": 1.0})
-    assert missing[2]["met"] is None and "not measured" in comparison.format_goals(missing, "x")
+    missing = targets.judge(compare(RUNS, "llama-server"), {"kvpark": 1.0})
+    assert missing[2]["met"] is None and "not measured" in targets.format_goals(missing, "x")
 
 
 def test_the_docs_table_has_a_row_per_server_and_one_of_ratios() -> None:
     memory = {"llama-server": 200.0, "kvpark": 500.0}
-    rows = comparison.markdown_rows(RUNS, memory, compare(RUNS, "llama-server"))
+    rows = targets.markdown_rows(RUNS, memory, compare(RUNS, "llama-server"))
     assert rows[0].startswith("| server | single-stream decode tok/s | aggregate tok/s at 1 / 4")
     ttft = "100 / 400 / 800 / 1 600"
     assert rows[2] == f"| llama-server | 50.0 | 45.0 / 80.0 / 100.0 / 120.0 | {ttft} | 200 |"
     assert rows[4].startswith("| kvpark / llama-server | 1.10× | 1.11× / 1.88× / 2.10× / 2.17× |")
     assert rows[4].endswith("| 2.50× |")
-    assert comparison.markdown_rows(RUNS[:1], {}, None)[-1].endswith("| - |")
+    assert targets.markdown_rows(RUNS[:1], {}, None)[-1].endswith("| - |")
 
 
 def test_a_missing_peer_exits_2_or_is_skipped(
