@@ -1,9 +1,14 @@
-"""Start the peer server for comparisons: llama-cpp-python's OpenAI server on a GGUF, on 127.0.0.1.
+"""Start the peer servers for comparisons, on a GGUF, on 127.0.0.1: llama.cpp's ``llama-server``
+(the baseline) and llama-cpp-python's OpenAI server (a second peer).
 
     python bench/peer_llamacpp.py --model path/to/model.gguf --threads 2 --port 8101
+    python bench/peer_llamacpp.py --llama-server --model path/to/model.gguf --threads 2
 
-The peer lives in its own virtual environment (``/work/peer-venv`` by default; ``--python`` to
-change it), installed with ``pip install 'llama-cpp-python[server]'`` (builds llama.cpp).
+``llama-server`` is built once by ``bench/build_llama_server.py`` into a cache outside the
+repository (``default_llama_server()``); it batches every slot's tokens into one decode
+(continuous batching).
+llama-cpp-python lives in its own virtual environment (``/work/peer-venv`` by default; ``--python``
+to change it), installed with ``pip install 'llama-cpp-python[server]'`` (builds llama.cpp again).
 It serves one request at a time; ``interrupt_requests`` is turned off so that a new request waits
 for the running one instead of cutting it short (the default would truncate concurrent streams).
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +31,38 @@ from pathlib import Path
 
 import httpx
 
+from build_llama_server import BINARY, DEFAULT_VERSION, default_cache
+
 DEFAULT_PEER_PYTHON = "/work/peer-venv/bin/python"
+
+
+def default_llama_server() -> Path:
+    """Where ``bench/build_llama_server.py`` puts the binary by default (it may not exist yet)."""
+    return default_cache() / DEFAULT_VERSION / BINARY
+
+
+def llama_server_command(
+    binary: str, model: str, threads: int, port: int, n_ctx: int, parallel: int = 16
+) -> list[str]:
+    """llama-server on ``127.0.0.1:port``: ``parallel`` slots sharing an ``n_ctx``-cell KV cache,
+    ``threads`` for decode (``-t``) and for prompts (``-tb``) alike, continuous batching (its
+    default). ``--no-webui``: the build has no UI anyway; ``--metrics`` for ``/metrics``."""
+    return [
+        binary, "-m", model, "-np", str(parallel), "-c", str(n_ctx), "-t", str(threads),
+        "-tb", str(threads), "--host", "127.0.0.1", "--port", str(port), "--no-webui", "--metrics",
+    ]  # fmt: skip
+
+
+def llama_server_version(binary: str) -> dict[str, object]:
+    """What is known of a llama-server binary: the build record ``build_llama_server.py`` wrote
+    next to it (llama.cpp's tag, cmake flags), and its own ``--version`` output."""
+    info: dict[str, object] = {"binary": binary}
+    record = Path(binary).with_name(f"{BINARY}.json")
+    if record.is_file():
+        info["build"] = json.loads(record.read_text())
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    info["version_output"] = (done.stdout + done.stderr).strip()
+    return info
 
 
 def peer_command(
@@ -95,8 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8101)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--python", default=DEFAULT_PEER_PYTHON, help="the peer venv's python")
+    p.add_argument(
+        "--llama-server", nargs="?", const=str(default_llama_server()), default=None,
+        metavar="PATH", help="start llama-server (default binary: build_llama_server.py's cache)",
+    )  # fmt: skip
+    p.add_argument("--parallel", type=int, default=16, help="llama-server's slots (-np)")
     args = p.parse_args(argv)
-    cmd = peer_command(args.model, args.threads, args.port, args.n_ctx, args.python)
+    if args.llama_server:
+        cmd = llama_server_command(
+            args.llama_server, args.model, args.threads, args.port, args.n_ctx, args.parallel
+        )
+    else:
+        cmd = peer_command(args.model, args.threads, args.port, args.n_ctx, args.python)
     print(" ".join(cmd), flush=True)
     return subprocess.call(cmd)
 

@@ -1,32 +1,50 @@
-"""kvpark against llama-cpp-python's server on this CPU, one run: the figures of docs/benchmarks.md.
+"""kvpark against llama.cpp's llama-server on this CPU, one run: the figures of docs/benchmarks.md.
 
-    .venv/bin/python bench/run_cpu_comparison.py                 # everything, default model
-    .venv/bin/python bench/run_cpu_comparison.py --only kvpark   # one server
+    python bench/build_llama_server.py                          # once: the peer (~20 min, 2 cores)
+    .venv/bin/python bench/run_cpu_comparison.py                # every server, default model
+    .venv/bin/python bench/run_cpu_comparison.py --servers llama-server,kvpark
 
-Starts each server in turn on 127.0.0.1 (never two at once: they would share the cores), runs the
-same seeded ``kvpark bench`` sweep against it, stops it, and writes ``<out>/<name>.json`` and
-``.png`` with every run, the ratios against the better peer configuration (higher aggregate tok/s
-at 8 chats), and whether kvpark's better configuration meets the targets: aggregate at 8 chats
->= 2x the peer's, single-stream decode >= 0.5x. Both run with 1 and with 2 threads by default.
-Server logs go to ``<out>/logs/``.
+Starts each server in turn on 127.0.0.1 (never two at once: they would share the cores) with the
+same GGUF, threads, slots and KV capacity (``--kv-cells N`` for kvpark, ``-c N`` for llama-server),
+runs the same seeded ``kvpark bench`` sweep against it while sampling its process tree's resident
+memory (``peak_rss.py``), stops it, and writes ``<out>/<name>.json``, ``.png`` and ``.md`` (the
+table lines for docs/benchmarks.md). llama-server is the baseline of every ratio; llama-cpp-python
+(one request at a time) is measured too when its venv exists, and skipped with a line otherwise.
+The targets (issue 12) are judged kvpark / llama-server and printed as MET / NOT MET:
+single-stream decode >= 1.0x (stretch 1.3x), aggregate at 8 chats >= 2.0x (stretch 3x), peak
+resident memory <= 2x at the same KV capacity. Server logs go to ``<out>/logs/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kvpark
+from cpu_targets import OURS, format_goals, judge, markdown_rows
 from kvpark.bench import BenchOptions, RunResult, Target, run
 from kvpark.bench.compare import compare, format_comparison, payload
 from kvpark.bench.report import format_table, write_json, write_plot
-from peer_llamacpp import DEFAULT_PEER_PYTHON, managed_server, peer_command, peer_version
+from peak_rss import PeakRss
+from peer_llamacpp import (
+    DEFAULT_PEER_PYTHON,
+    default_llama_server,
+    llama_server_command,
+    llama_server_version,
+    managed_server,
+    peer_command,
+    peer_version,
+)
+
+SERVERS = ("llama-server", "llama-cpp-python", "kvpark")  # measured in this order
+BASELINE = "llama-server"
 
 
 def default_model() -> str:
@@ -54,62 +72,69 @@ def cpu_flags() -> dict[str, bool | str]:
     return _core._cpu_features()[0]
 
 
-def servers(args: argparse.Namespace) -> list[tuple[str, list[str], str]]:
-    """(label, command, readiness path) of every server to measure, in order."""
-    out = []
-    for threads in args.peer_threads:
-        cmd = peer_command(args.model, threads, args.port, args.n_ctx, args.peer_python)
-        out.append((f"llama-cpp-python {threads}t", cmd, "/v1/models"))
-    for threads in args.threads:
-        kvpark = [sys.executable, "-m", "kvpark", "serve", "--host", "127.0.0.1"]
-        kvpark += ["--port", str(args.port), "--model", args.model, "--threads", str(threads)]
-        out.append((f"kvpark {threads}t", kvpark + args.kvpark_arg, "/health"))
-    if args.only:
-        out = [s for s in out if s[0].startswith(args.only)]
+def parse_servers(text: str) -> list[str]:
+    """``"kvpark,llama-server"`` -> the names in measuring order; unknown names are an error."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = names - set(SERVERS)
+    if unknown or not names:
+        raise ValueError(f"--servers takes a list of {', '.join(SERVERS)}; got {text!r}")
+    return [name for name in SERVERS if name in names]
+
+
+def commands(args: argparse.Namespace, names: list[str]) -> dict[str, tuple[list[str], str]]:
+    """name -> (command, readiness path) of each server to measure."""
+    out: dict[str, tuple[list[str], str]] = {}
+    for name in names:
+        if name == "llama-server":
+            cmd = llama_server_command(
+                str(args.llama_server), args.model, args.threads, args.port, args.kv_cells,
+                args.parallel,
+            )  # fmt: skip
+            out[name] = (cmd + args.llama_server_arg, "/health")
+        elif name == "llama-cpp-python":
+            cmd = peer_command(args.model, args.threads, args.port, args.kv_cells, args.peer_python)
+            out[name] = (cmd, "/v1/models")
+        else:
+            cmd = [sys.executable, "-m", "kvpark", "serve", args.model, "--host", "127.0.0.1"]
+            cmd += ["--port", str(args.port), "--parallel", str(args.parallel)]
+            cmd += ["--threads", str(args.threads), "--kv-cells", str(args.kv_cells)]
+            out[name] = (cmd + args.kvpark_arg, "/health")
     return out
 
 
-def best(runs: list[RunResult], prefix: str, concurrency: int = 8) -> str | None:
-    """The label, among runs whose label starts with ``prefix``, of the highest aggregate tok/s at
-    ``concurrency`` chats (at the last level where that one is missing)."""
-    peers = [run for run in runs if run.label.startswith(prefix)]
-
-    def agg(run: RunResult) -> float:
-        level = run.level(concurrency) or (run.levels[-1] if run.levels else None)
-        return level.aggregate_tok_s if level and math.isfinite(level.aggregate_tok_s) else 0.0
-
-    return max(peers, key=agg).label if peers else None
-
-
-def targets(runs: list[RunResult], baseline: str) -> dict[str, Any]:
-    ours = best(runs, "kvpark")
-    ratios = compare(runs, baseline)["ratios"].get(ours) if ours else None
-    if ratios is None:
-        return {}
-    agg8 = ratios["levels"].get("8", {}).get("aggregate_tok_s")
-    single = ratios["single_stream_decode_tok_s"]
-    return {
-        "kvpark": ours,
-        "against": baseline,
-        "aggregate_8_ratio": agg8,
-        "aggregate_8_target": 2.0,
-        "aggregate_8_met": agg8 is not None and agg8 >= 2.0,
-        "single_stream_ratio": single,
-        "single_stream_target": 0.5,
-        "single_stream_met": single is not None and single >= 0.5,
-    }
+def available(args: argparse.Namespace, names: list[str], asked: bool) -> list[str] | int:
+    """The servers that can run; exit status 2 (with the reason) when one that must is missing."""
+    if "llama-server" in names and not Path(args.llama_server).is_file():
+        print(f"llama-server is not built at {args.llama_server}: run "
+              "`python bench/build_llama_server.py` (or give --llama-server PATH)")  # fmt: skip
+        return 2
+    if "llama-cpp-python" in names and not Path(args.peer_python).is_file():
+        reason = (
+            f"llama-cpp-python: {args.peer_python} is missing (python3 -m venv /work/peer-venv"
+            " && /work/peer-venv/bin/pip install 'llama-cpp-python[server]')"
+        )
+        if asked:
+            print(reason)
+            return 2
+        print(f"skipping {reason}")
+        names = [n for n in names if n != "llama-cpp-python"]
+    return names
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    load_at_start = list(os.getloadavg())
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct Q4_1)")
-    p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON)
-    p.add_argument("--peer-threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="kvpark --threads")
+    p.add_argument("--servers", default=None, help=f"subset of {','.join(SERVERS)}")
+    p.add_argument("--llama-server", type=Path, default=default_llama_server(), metavar="PATH")
+    p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="llama-cpp-python's venv")
+    p.add_argument("--threads", type=int, default=2, help="every server's threads")
+    p.add_argument("--parallel", type=int, default=16, help="slots (llama-server -np)")
+    p.add_argument("--kv-cells", type=int, default=4096, help="KV capacity (llama-server -c)")
     p.add_argument("--kvpark-arg", action="append", default=[], help="extra kvpark serve flag")
-    p.add_argument("--only", help="measure only servers whose label starts with this")
+    p.add_argument("--llama-server-arg", action="append", default=[], help="extra flag")
     p.add_argument("--port", type=int, default=8123)
-    p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--concurrency", default="1,4,8,16")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -117,7 +142,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--name", default="cpu-comparison")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    try:
+        names = parse_servers(args.servers or ",".join(SERVERS))
+    except ValueError as exc:
+        p.error(str(exc))
+    found = available(args, names, asked=args.servers is not None)
+    if isinstance(found, int):
+        return found
     args.model = args.model or default_model()
     options = BenchOptions(
         concurrency=tuple(int(c) for c in args.concurrency.split(",")),
@@ -125,35 +157,53 @@ def main() -> int:
         max_tokens=args.max_tokens, seed=args.seed, timeout_s=600.0,
     )  # fmt: skip
     runs: list[RunResult] = []
+    memory: dict[str, float] = {}  # peak MiB of each server's process tree
     load: dict[str, list[float]] = {}  # 1-minute load average before and after each server's sweep
     url = f"http://127.0.0.1:{args.port}"
-    for label, cmd, ready in servers(args):
+    planned = commands(args, found)
+    for label, (cmd, ready) in planned.items():
         print(f"== {label}: {' '.join(cmd)}", flush=True)
-        log = args.out / "logs" / f"{label.replace(' ', '_')}.log"
-        with managed_server(cmd, url + ready, log, timeout_s=600.0):
+        log = args.out / "logs" / f"{label}.log"
+        with managed_server(cmd, url + ready, log, timeout_s=600.0) as process:
             load[label] = [os.getloadavg()[0]]
-            runs.extend(run([Target(url, label)], "sweep", options))
+            with PeakRss(process.pid) as peak:
+                (result,) = run([Target(url, label)], "sweep", options)
             load[label].append(os.getloadavg()[0])
-    baseline = best(runs, "llama-cpp-python") or runs[0].label
+        assert peak.result is not None
+        result.extra["peak_memory"] = peak.result.to_json()
+        memory[label] = peak.result.peak_mib
+        runs.append(result)
+    baseline = BASELINE if BASELINE in planned else runs[0].label
     meta: dict[str, Any] = {
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.platform()},
-        "model_file": args.model,
+        "cpu_flags": cpu_flags(),
+        "shared_machine": "other engineers' jobs may run on these cores; see load_average_*",
+        "load_average_start": load_at_start,
         "load_average_1m": load,
-        "commands": {label: cmd for label, cmd, _ in servers(args)},
-    }
-    try:
+        "model_file": args.model,
+        "kvpark": kvpark.__version__,
+        "commands": {label: cmd for label, (cmd, _) in planned.items()},
+        "kv_cells": args.kv_cells, "parallel": args.parallel, "threads": args.threads,
+    }  # fmt: skip
+    if "llama-server" in planned:
+        meta["llama_server"] = llama_server_version(str(args.llama_server))
+    if "llama-cpp-python" in planned:
         meta["llama_cpp_python"] = peer_version(args.peer_python)
-    except Exception as exc:  # the peer venv may be missing when only kvpark runs
-        meta["llama_cpp_python"] = f"unknown ({type(exc).__name__})"
-    meta["targets"] = targets(runs, baseline) if len(runs) > 1 else {}
+    comparison = compare(runs, baseline) if len(runs) > 1 else None
+    meta["targets"] = judge(comparison, memory) if comparison and OURS in planned else []
+    meta["markdown"] = markdown_rows(runs, memory, comparison)
+    meta["seconds"] = round(time.monotonic() - started, 1)
     doc = payload(runs, baseline, {"meta": meta})
     write_json(args.out / f"{args.name}.json", doc)
-    write_plot(args.out / f"{args.name}.png", runs, f"kvpark vs llama-cpp-python ({cpu_name()})")
+    write_plot(args.out / f"{args.name}.png", runs, f"kvpark vs llama.cpp ({cpu_name()})")
+    (args.out / f"{args.name}.md").write_text("\n".join(meta["markdown"]) + "\n")
     print(format_table(runs))
-    if "comparison" in doc:
-        print(format_comparison(doc["comparison"]))
-    print("targets:", meta["targets"])
-    print(f"wrote {args.out / args.name}.json and .png")
+    if comparison:
+        print(format_comparison(comparison))
+    if meta["targets"]:
+        print(format_goals(meta["targets"], baseline))
+    print("\n".join(meta["markdown"]))
+    print(f"wrote {args.out / args.name}.json, .png and .md")
     return 0
 
 

