@@ -119,7 +119,8 @@ def store_kv(
     v: torch.Tensor,
 ) -> None:
     """Write each row's k, v [T, n_kv_heads, head_dim] to its cell slot_mapping [T] of one layer,
-    rounded to the pool's dtype (a bfloat16 pool under float32 activations, ``--kv-dtype``)."""
+    rounded to the pool's dtype as ``.to()`` rounds (a 16-bit pool under float32 activations,
+    ``--kv-dtype``)."""
     n_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if k.dtype != k_cache.dtype:
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
