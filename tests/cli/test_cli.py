@@ -293,7 +293,11 @@ def test_generate_runs_the_default_model() -> None:
 
 @pytest.mark.parametrize(
     ("argv", "named"),
-    [(["--kv-dtype", "int8"], "--kv-dtype"), (["--prompt-path", "fast"], "--prompt-path")],
+    [
+        (["--kv-dtype", "int8"], "--kv-dtype"),
+        (["--prompt-path", "fast"], "--prompt-path"),
+        (["--block-dot", "int4"], "--block-dot"),
+    ],
 )
 def test_the_cpu_path_flags_refuse_a_bad_value(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
@@ -315,10 +319,10 @@ def test_a_bad_cpu_isa_cap_exits_2_naming_it(
 
 def test_the_cpu_path_flags_reach_the_model_config() -> None:
     args = cli.build_parser().parse_args(
-        ["serve", "--kv-dtype", "float32", "--prompt-path", "same"]
+        ["serve", "--kv-dtype", "float32", "--prompt-path", "same", "--block-dot", "float32"]
     )
     model = engine_config(args, args.parser).model
-    assert (model.kv_dtype, model.prompt_path) == ("float32", "same")
+    assert (model.kv_dtype, model.prompt_path, model.block_dot) == ("float32", "same", "float32")
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,12 @@ def test_explicit_choices_win_or_are_refused() -> None:
         choose(AVX2, prompt_path="float32", exact=True)
     with pytest.raises(ValueError, match="prompt path"):
         choose(AVX2, prompt_path="fast")
+    assert choose(AVX2).block_dot == "int8"  # llama.cpp's arithmetic, the faster product
+    assert choose(AVX2, block_dot="float32").block_dot == "float32"  # the off switch
+    assert choose(AVX2).describe()["block_dot"] == "int8"
+    assert choose(PLAIN).describe()["block_dot"] is None  # no blocks to multiply
+    with pytest.raises(ValueError, match="block dot"):
+        choose(AVX2, block_dot="int4")
     with pytest.raises(ValueError, match="KV dtype"):
         choose(AVX2, kv_dtype="int8")
     assert choose(AVX2, dtype="float16").kv_dtype == "float16"  # a float16 model's own cells

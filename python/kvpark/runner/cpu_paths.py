@@ -7,12 +7,14 @@ the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
 =====================  ================  ================================  ==================
 effective ISA          decode rows       prompt chunks (normal mode)       exact mode
 =====================  ================  ================================  ==================
-avx512 + avx512_bf16   float32 x blocks  dense bfloat16 GEMM               blocks, every row
-avx2 (or avx512)       float32 x blocks  dense float32 GEMM                blocks, every row
+avx512 + avx512_bf16   int8 x blocks     dense bfloat16 GEMM               blocks, every row
+avx2 (or avx512)       int8 x blocks     dense float32 GEMM                blocks, every row
 plain (no AVX2)        dense float32     dense float32                     dense float32
 =====================  ================  ================================  ==================
 
-``--kv-dtype auto`` is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
+Block products round the activations to int8 per block of 32 (``--block-dot auto``: int8,
+llama.cpp's arithmetic; ``float32`` expands each block to float32 instead). ``--kv-dtype auto``
+is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
 bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
 A prompt chunk is an item of at least ``PROMPT_MIN_ROWS`` rows: below that the block kernels
