@@ -90,10 +90,12 @@ def reference() -> dict[str, Any]:
     return json.loads(REFERENCE.read_text())
 
 
-@pytest.fixture(scope="module")
-def llm(default_gguf_path: str) -> kvpark.LLM:
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def llm(default_gguf_path: str, request: pytest.FixtureRequest) -> kvpark.LLM:
+    """kvpark's default (float32 activations against the blocks) and ``--block-dot int8``,
+    llama.cpp's own arithmetic."""
     torch.set_num_threads(1)
-    return kvpark.LLM(default_gguf_path, threads=1, kv_cells=4096)
+    return kvpark.LLM(default_gguf_path, threads=1, kv_cells=4096, block_dot=request.param)
 
 
 def test_the_reference_is_for_this_gguf_and_these_prompts(

@@ -69,9 +69,9 @@ def test_explicit_choices_win_or_are_refused() -> None:
         choose(AVX2, prompt_path="float32", exact=True)
     with pytest.raises(ValueError, match="prompt path"):
         choose(AVX2, prompt_path="fast")
-    assert choose(AVX2).block_dot == "int8"  # llama.cpp's arithmetic, the faster product
-    assert choose(AVX2, block_dot="float32").block_dot == "float32"  # the off switch
-    assert choose(AVX2).describe()["block_dot"] == "int8"
+    assert choose(AVX2).block_dot == "float32"  # int8 fails the greedy rule (below)
+    assert choose(AVX2, block_dot="int8").block_dot == "int8"
+    assert choose(AVX2).describe()["block_dot"] == "float32"
     assert choose(PLAIN).describe()["block_dot"] is None  # no blocks to multiply
     with pytest.raises(ValueError, match="block dot"):
         choose(AVX2, block_dot="int4")
@@ -290,3 +290,18 @@ def test_decode_attention_reads_a_16_bit_pool_as_its_values_widened(pool: torch.
     cpu_attention.decode(q, k16, v16, p, narrow)
     cpu_attention.decode(q, k16.float(), v16.float(), p, wide)
     assert torch.equal(narrow, wide) and narrow.abs().sum() > 0 and narrow.isfinite().all()
+
+
+def test_the_block_dot_default_follows_the_greedy_rule() -> None:
+    """int8 activations would be the default only where they keep float32's 32 greedy tokens
+    on the parity prompts (the rule every default here meets). Both arithmetics give the same
+    bits on every CPU path, so the outcome is the same on every machine."""
+    torch.set_num_threads(1)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    got = {}
+    for dot in ("float32", "int8"):
+        llm = kvpark.LLM(block_dot=dot, prompt_path="same", threads=1, kv_cells=1024)
+        got[dot] = [o.token_ids for o in llm.chat(chats, params)]
+    keeps = got["int8"] == got["float32"]
+    assert choose(AVX2).block_dot == ("int8" if keeps else "float32")

@@ -109,7 +109,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="how block weights multiply on the CPU: int8 (activations rounded to int8 per "
         "block of 32, integer dot products, llama.cpp's arithmetic) or float32 (each block "
-        "expanded to float32); auto: int8 (docs/cpu-kernels.md)",
+        "expanded to float32); auto: float32, the one that keeps float32's greedy tokens "
+        "(docs/cpu-kernels.md)",
     )
     p.add_argument(
         "--prompt-path",

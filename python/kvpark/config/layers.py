@@ -38,7 +38,7 @@ class ModelConfig:
     # prompt chunks on the CPU: auto (a dense GEMM where it wins, cpu_paths.py) | same (as decode
     # rows) | float32 | bfloat16 (a dense GEMM in that dtype); exact mode: always as decode rows
     prompt_path: str = "auto"
-    # block products on the CPU: auto (int8, cpu_paths.py) | int8 | float32
+    # block products on the CPU: auto (float32, cpu_paths.py) | int8 | float32
     block_dot: str = "auto"
     # the KV pool's cells on the CPU: auto (bfloat16, cpu_paths.py) | float32 | bfloat16 | float16,
     # or f32 | bf16 | f16 (cpu_paths.KV_DTYPE_NAMES)

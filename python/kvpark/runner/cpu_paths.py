@@ -7,13 +7,14 @@ the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
 =====================  ================  ================================  ==================
 effective ISA          decode rows       prompt chunks (normal mode)       exact mode
 =====================  ================  ================================  ==================
-avx512 + avx512_bf16   int8 x blocks     dense bfloat16 GEMM               blocks, every row
-avx2 (or avx512)       int8 x blocks     dense float32 GEMM                blocks, every row
+avx512 + avx512_bf16   float32 x blocks  dense bfloat16 GEMM               blocks, every row
+avx2 (or avx512)       float32 x blocks  dense float32 GEMM                blocks, every row
 plain (no AVX2)        dense float32     dense float32                     dense float32
 =====================  ================  ================================  ==================
 
-Block products round the activations to int8 per block of 32 (``--block-dot auto``: int8,
-llama.cpp's arithmetic; ``float32`` expands each block to float32 instead). ``--kv-dtype auto``
+Block products multiply float32 activations by each block expanded to float32 (``--block-dot
+auto``: float32); ``int8`` rounds the activations to int8 per block of 32 (llama.cpp's
+arithmetic), which fails the greedy rule below. ``--kv-dtype auto``
 is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
 bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
@@ -147,6 +148,8 @@ def choose(
     )
 
 
-# int8 activations: llama.cpp's arithmetic on the same blocks (its greedy tokens,
-# tests/model/test_llamacpp_greedy.py) and the faster product (docs/cpu-kernels.md)
-AUTO_BLOCK_DOT = "int8"
+# float32 activations: int8 ones (llama.cpp's arithmetic, ~20 % faster at one row on AVX2) fail
+# the rule every default here meets: the parity prompts' greedy tokens equal float32's for 32
+# tokens (int8 parts at the first token of the first prompt, a 0.09-nat near-tie that llama.cpp
+# also takes the other way; tests/runner/test_cpu_paths.py), so int8 is --block-dot int8
+AUTO_BLOCK_DOT = "float32"
