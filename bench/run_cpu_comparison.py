@@ -18,13 +18,17 @@ resident memory <= 2x at the same KV capacity. Server logs go to ``<out>/logs/``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kvpark
@@ -72,6 +76,30 @@ def cpu_flags() -> dict[str, bool | str]:
     return _core._cpu_features()[0]
 
 
+def kvpark_source() -> dict[str, str]:
+    """kvpark's version and, for a source checkout, its commit (``-dirty`` when changed)."""
+    out = {"version": kvpark.__version__}
+    root = Path(kvpark.__file__).resolve().parents[2]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        if done.returncode == 0:
+            out["commit"] = done.stdout.strip()
+    return out
+
+
+PROPS = ("cpu", "build_info", "total_slots")  # which kernels, which build, how many slots
+
+
+def server_props(url: str) -> dict[str, Any]:
+    """The parts of a server's ``GET /props`` that say what ran ({} where it has none)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        answer = httpx.get(url + "/props", timeout=10.0, trust_env=False)
+        if answer.status_code == 200 and isinstance(body := answer.json(), dict):
+            return {key: body[key] for key in PROPS if key in body}
+    return {}
+
+
 def parse_servers(text: str) -> list[str]:
     """``"kvpark,llama-server"`` -> the names in measuring order; unknown names are an error."""
     names = {name.strip() for name in text.split(",") if name.strip()}
@@ -88,7 +116,7 @@ def commands(args: argparse.Namespace, names: list[str]) -> dict[str, tuple[list
         if name == "llama-server":
             cmd = llama_server_command(
                 str(args.llama_server), args.model, args.threads, args.port, args.kv_cells,
-                args.parallel,
+                args.parallel, args.llama_server_poll,
             )  # fmt: skip
             out[name] = (cmd + args.llama_server_arg, "/health")
         elif name == "llama-cpp-python":
@@ -134,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cells", type=int, default=4096, help="KV capacity (llama-server -c)")
     p.add_argument("--kvpark-arg", action="append", default=[], help="extra kvpark serve flag")
     p.add_argument("--llama-server-arg", action="append", default=[], help="extra flag")
+    p.add_argument("--llama-server-poll", type=int, default=0, help="its --poll (default 50)")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--concurrency", default="1,4,8,16")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -169,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             with PeakRss(process.pid) as peak:
                 (result,) = run([Target(url, label)], "sweep", options)
             load[label].append(os.getloadavg()[0])
+            result.extra["props"] = server_props(url)
         assert peak.result is not None
         result.extra["peak_memory"] = peak.result.to_json()
         memory[label] = peak.result.peak_mib
@@ -181,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_start": load_at_start,
         "load_average_1m": load,
         "model_file": args.model,
-        "kvpark": kvpark.__version__,
+        "kvpark": kvpark_source(),
         "commands": {label: cmd for label, (cmd, _) in planned.items()},
         "kv_cells": args.kv_cells, "parallel": args.parallel, "threads": args.threads,
     }  # fmt: skip

@@ -100,7 +100,7 @@ def test_the_peak_of_a_real_process() -> None:
 def test_llama_server_gets_the_same_slots_cells_and_threads() -> None:
     cmd = llama_server_command("/bin/llama-server", "m.gguf", 2, 8123, 4096, 16)
     joined = " ".join(cmd)
-    for part in ("-m m.gguf", "-np 16", "-c 4096", "-t 2", "-tb 2", "--host 127.0.0.1"):
+    for part in ("-m m.gguf", "-np 16", "-c 4096", "-t 2", "-tb 2", "--host 127.0.0.1", "--poll 0"):
         assert part in joined
     assert cmd[0] == "/bin/llama-server" and "--port 8123" in joined
 

@@ -7,12 +7,13 @@ remake it).
 
 What "agree" means. The two do not compute the same sums: llama.cpp rounds every activation row to
 8-bit blocks (q8_1) before its Q4_1 dot products and keeps K/V in float16; kvpark multiplies the
-Q4_1 blocks by float32 activations and keeps K/V in bfloat16. Where llama.cpp's two best tokens
+Q4_1 blocks by float32 activations or by int8 ones of its own rounding (``--block-dot``), with
+dense float32 for long prompt chunks, and keeps K/V in bfloat16. Where llama.cpp's two best tokens
 are nearly tied the two may pick differently, and after that their contexts differ and a
 free-running comparison has nothing left to compare. On these prompts that happens early (the
-first prompt's first token is a tie: "L" at -1.92 against "The" at -2.01 in llama.cpp; kvpark and
-transformers fp32 both pick "The"), so "the first 16 of 32 tokens equal" would fail a correct
-implementation. The rule instead, at every step (``step_fault``):
+first prompt's first token is a tie: "L" at -1.92 against "The" at -2.01 in llama.cpp; kvpark with
+float32 activations and transformers fp32 both pick "The"), so "the first 16 of 32 tokens equal"
+would fail a correct implementation. The rule instead, at every step (``step_fault``):
 
 - kvpark's log-probability of llama.cpp's greedy token is within ``LOGPROB_TOL`` of llama.cpp's;
 - kvpark's greedy token is llama.cpp's, or, at a near-tie, llama.cpp's second: both llama.cpp's
@@ -23,16 +24,17 @@ It is applied on llama.cpp's own contexts (the prompt plus its first i greedy to
 teacher forcing, through kvpark's prompt path), and free-running (kvpark's decode path: its 32
 tokens must equal llama.cpp's up to the first step where they part, and that step must pass).
 
-The numbers, measured on 2026-12-01 (AVX2 machine; kvpark's block weights, float32 activations)
-against transformers in float64 on the same dequantised weights, on the 96 forced steps: for
-llama.cpp's greedy token, kvpark is off by 0.003 nats (median), 0.08 at most; llama.cpp by 0.03,
-0.27 at most (its 8-bit activations; on its second choice up to 1.4, which is why only its greedy
-token's log-probability is compared). ``LOGPROB_TOL`` = 0.5 nats is about twice llama.cpp's own
-largest error; ``NEAR_TIE`` = 1 nat is a factor e in probability. The 5 flips in the 96 steps were
-at llama.cpp leads under 0.13 nats (kvpark's leads under 0.27), each picking llama.cpp's second.
-A numerics bug (a wrong block scale, a misread cell, a broken norm) moves log-probabilities by
-whole nats and flips decisive steps. kvpark's int8 activations (coming) approach llama.cpp's own
-arithmetic and should shrink the differences, not grow them.
+The numbers, measured on 2026-12-01 (AVX2 machine, block weights, bf16 KV cells) on the 96 forced
+steps, against transformers in float64 on the same dequantised weights: for llama.cpp's greedy
+token, kvpark with float32 activations (``--block-dot float32``) is off by 0.003 nats (median),
+0.08 at most; llama.cpp by 0.03, 0.27 at most (its 8-bit activations; on its second choice up to
+1.4, which is why only its greedy token's log-probability is compared). ``LOGPROB_TOL`` = 0.5 nats
+is about twice llama.cpp's own largest error; ``NEAR_TIE`` = 1 nat is a factor e in probability.
+kvpark against llama.cpp: float32 block dot, free-running prefixes 0 / 14 / 32 of 32, 91 of 96
+forced steps equal, the other 5 at llama.cpp leads under 0.13 nats, logprob differences median
+0.03, max 0.22; int8 block dot (llama.cpp's own arithmetic), prefixes 32 / 14 / 32, 94 of 96, the
+other 2 at leads under 0.01 nats, median 0.03, max 0.21. A numerics bug (a wrong block scale, a
+misread cell, a broken norm) moves log-probabilities by whole nats and flips decisive steps.
 """
 
 from __future__ import annotations
