@@ -16,11 +16,7 @@ pub(crate) fn matmul(
 ) -> Result<(), ShapeError> {
     match dot {
         Dot::Int8 => matmul_i8(x, rows, w, y, I8Kernel::best(), scratch),
-        Dot::F32 => {
-            w.check(x, y, rows)?;
-            crate::threads::run(x, rows, w.k(), w, y);
-            Ok(())
-        }
+        Dot::F32 => crate::product(x, rows, w, y, true),
     }
 }
 
