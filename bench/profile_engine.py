@@ -136,6 +136,7 @@ def main() -> int:
     p.add_argument("--weights", default="auto", help="auto, dense or blocks")
     p.add_argument("--kv-dtype", default="auto", help="the KV pool's cells: auto, f32, bf16, f16")
     p.add_argument("--exact", action="store_true", help="exact mode's row-invariant ops")
+    p.add_argument("--block-dot", default="auto", help="auto, int8 or float32 (--block-dot)")
     p.add_argument("--top", type=int, default=0, help="also print each batch's top N ops")
     args = p.parse_args()
     llm = LLM(
@@ -145,6 +146,7 @@ def main() -> int:
         weights=args.weights,
         kv_dtype=args.kv_dtype,
         exact=args.exact,
+        block_dot=args.block_dot,
     )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     for batch in (int(b) for b in args.batch.split(",")):

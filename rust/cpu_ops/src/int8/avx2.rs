@@ -3,10 +3,11 @@
 
 use std::arch::x86_64::*;
 
+use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
-use crate::Weights;
+use crate::{Q4Weights, Weights};
 
 struct Maddubs;
 
@@ -15,6 +16,28 @@ impl Dot for Maddubs {
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
     }
+}
+
+impl Quads for Maddubs {
+    /// Eight `vpmaddubsw` summed in i16 (each lane then holds 16 products of a nibble and an
+    /// activation: at most 16 * 15 * 127 = 30480 < 32767 in magnitude), one `vpmaddwd` to i32.
+    #[inline(always)]
+    unsafe fn block(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
+        let mut pairs = _mm256_maddubs_epi16(u[0], s[0]);
+        for j in 1..8 {
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], s[j]));
+        }
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+}
+
+/// See `side_by_side::group`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as `side_by_side::group` requires.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    side_by_side::group::<Maddubs>(a, w, c0, y)
 }
 
 /// See `simd::columns`.

@@ -78,6 +78,8 @@ mod plain;
 mod quantise;
 mod scratch;
 #[cfg(target_arch = "x86_64")]
+mod side_by_side;
+#[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -219,6 +221,35 @@ pub(crate) struct Activations<'a> {
 
 /// Output columns `cols` of every row, on `kernel` (which [`matmul_i8`] checked runs here).
 fn columns(
+    kernel: I8Kernel,
+    a: &Activations<'_>,
+    w: Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Weights::Q4(q4) = w {
+        if kernel != I8Kernel::Plain && side_by_side::takes(a.rows, &q4) {
+            // whole groups of eight columns side by side, the rest column by column
+            let mut c = cols.start;
+            while c + side_by_side::GROUP <= cols.end {
+                // SAFETY: as below; the group lies inside the matrix and `takes` holds.
+                unsafe {
+                    match kernel {
+                        I8Kernel::Avx512Vnni => vnni::group(a, q4, c, y),
+                        _ => avx2::group(a, q4, c, y),
+                    }
+                }
+                c += side_by_side::GROUP;
+            }
+            return columns_one_by_one(kernel, a, w, c..cols.end, y);
+        }
+    }
+    columns_one_by_one(kernel, a, w, cols, y)
+}
+
+/// Output columns `cols` of every row, each column on its own.
+fn columns_one_by_one(
     kernel: I8Kernel,
     a: &Activations<'_>,
     w: Weights<'_>,

@@ -4,10 +4,11 @@
 
 use std::arch::x86_64::*;
 
+use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
-use crate::Weights;
+use crate::{Q4Weights, Weights};
 
 struct Dpbusd;
 
@@ -16,6 +17,27 @@ impl Dot for Dpbusd {
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
     }
+}
+
+impl Quads for Dpbusd {
+    /// Eight `vpdpbusd` into one i32 accumulator.
+    #[inline(always)]
+    unsafe fn block(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
+        let mut sums = _mm256_setzero_si256();
+        for j in 0..8 {
+            sums = _mm256_dpbusd_epi32(sums, u[j], s[j]);
+        }
+        sums
+    }
+}
+
+/// See `side_by_side::group`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and AVX-512 F, BW, VL and VNNI; as `side_by_side::group` requires.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    side_by_side::group::<Dpbusd>(a, w, c0, y)
 }
 
 /// See `simd::columns`.

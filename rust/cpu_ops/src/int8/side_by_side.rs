@@ -1,0 +1,193 @@
+//! The int8 kernel for several rows of 4-bit weights: eight output columns side by side in one
+//! vector, so no integer reduction across lanes at all.
+//!
+//! Why: `simd.rs` puts a block's 32 weights of one column in a vector, so every (row, block) ends
+//! in a horizontal reduction of its eight i32 lanes (`vphaddd`), which at eight rows costs what
+//! the float path's FMAs do. Here lane `c` of every vector belongs to column `c` of a group of
+//! eight: a block's quants are transposed once per call into eight vectors of four quants per
+//! column (the nibbles already split), and each row multiplies them by its four activations
+//! broadcast to every lane. A block's integer dot then ends in lane `c` of one vector, and the
+//! float combine of `int8` runs on eight columns at once (lane `l` of `int8`'s combine is
+//! accumulator `l` here, one vector per lane, and the final tree adds those vectors).
+//!
+//! The integer sums are exact either way and the float operations are the same ones in the same
+//! order, so the bits are `plain.rs`'s (the tests check it). The transposition costs about what a
+//! row's dots do, so one row keeps `simd.rs` ([`MIN_ROWS`]).
+
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::{Activations, LANES};
+use crate::threads::Output;
+use crate::{Q4Weights, BLOCK};
+
+/// Columns per group: the eight i32 (or f32) lanes of a 256-bit vector.
+pub(super) const GROUP: usize = 8;
+/// Blocks of a column the stack scratch holds (k up to 2048); longer rows keep `simd.rs`.
+pub(super) const MAX_BLOCKS: usize = 64;
+/// Rows from which a call takes this kernel.
+pub(super) const MIN_ROWS: usize = 2;
+
+/// A block's integer dot of eight columns: lane `c` = Σ over the eight operand pairs of the
+/// products of their u8 and i8 quads in lane `c`, exact.
+pub(super) trait Quads {
+    /// # Safety
+    /// The CPU has the instructions the implementation uses.
+    unsafe fn block(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i;
+}
+
+/// One group's blocks, transposed: per block the eight operand vectors (weights `4t..4t + 4` of
+/// each column in vector `t`, weights `16 + 4t..` in vector `4 + t`), and the columns' scales
+/// and offsets as one vector each.
+struct Group {
+    quads: [[__m256i; 8]; MAX_BLOCKS],
+    scale: [__m256; MAX_BLOCKS],
+    offset: [__m256; MAX_BLOCKS],
+}
+
+/// Whether a call of `rows` rows against `w` takes this kernel for its column groups.
+/// `KVPARK_CPU_SIDE_BY_SIDE=off` keeps every call on `simd.rs` (same bits: for measuring).
+pub(super) fn takes(rows: usize, w: &Q4Weights<'_>) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("KVPARK_CPU_SIDE_BY_SIDE").as_deref() != Ok("off"));
+    on && rows >= MIN_ROWS && w.k / BLOCK <= MAX_BLOCKS
+}
+
+/// Output columns `c0..c0 + GROUP` of every row of `a` into `y` (`[rows, n]`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and what `D` uses; `c0 + GROUP <= w.n`; [`takes`] holds.
+#[inline(always)]
+pub(super) unsafe fn group<D: Quads>(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    let blocks = a.k / BLOCK;
+    assert!(c0 + GROUP <= w.n && blocks <= MAX_BLOCKS && a.k == w.k);
+    assert!(w.qs.len() == w.n * blocks * 16 && w.scale.len() == w.n * blocks);
+    assert!(w.offset.len() == w.scale.len() && a.padded.is_multiple_of(LANES));
+    assert!(a.q.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
+    let mut g = std::mem::MaybeUninit::<Group>::uninit();
+    let g = g.as_mut_ptr();
+    transpose(w, c0, blocks, g);
+    let g = &*g; // every block below `blocks` was written
+    for r in 0..a.rows {
+        let xq = a.q.as_ptr().add(r * a.k);
+        let (d, sum) = (
+            a.d.as_ptr().add(r * a.padded),
+            a.sum.as_ptr().add(r * a.padded),
+        );
+        let mut acc = [_mm256_setzero_ps(); LANES];
+        for b0 in (0..a.padded).step_by(LANES) {
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let b = b0 + l;
+                // a padding block updates its lane with zeros, as `plain.rs` does
+                let (isum, scale, offset) = if b < blocks {
+                    let x = xq.add(b * BLOCK);
+                    let s: [__m256i; 8] = std::array::from_fn(|j| {
+                        let at = if j < 4 { 4 * j } else { 16 + 4 * (j - 4) };
+                        _mm256_set1_epi32((x.add(at) as *const i32).read_unaligned())
+                    });
+                    let isum = _mm256_cvtepi32_ps(D::block(&g.quads[b], &s));
+                    (isum, g.scale[b], g.offset[b])
+                } else {
+                    (
+                        _mm256_setzero_ps(),
+                        _mm256_setzero_ps(),
+                        _mm256_setzero_ps(),
+                    )
+                };
+                let db = _mm256_broadcast_ss(&*d.add(b));
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, db), isum, *acc);
+                let sb = _mm256_broadcast_ss(&*sum.add(b));
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(offset, db), sb, *acc);
+            }
+        }
+        // `plain::hsum`'s tree, lane by lane of the eight columns
+        let v = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+            _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
+        );
+        let mut out = [0.0f32; GROUP];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        for (c, v) in out.iter().enumerate() {
+            y.set(r * w.n + c0 + c, *v);
+        }
+    }
+}
+
+/// Writes blocks `0..blocks` of columns `c0..c0 + GROUP` into `g`, transposed.
+#[inline(always)]
+unsafe fn transpose(w: Q4Weights<'_>, c0: usize, blocks: usize, g: *mut Group) {
+    let qs = w.qs.as_ptr();
+    let mask = _mm256_set1_epi8(0x0f);
+    // the next group's bytes are contiguous after this one's: ask for them now, so they arrive
+    // while this group's rows are multiplied (a group reads its memory only here)
+    let next = (c0 + GROUP) * blocks;
+    for line in (0..GROUP * blocks * 16).step_by(64) {
+        _mm_prefetch(qs.wrapping_add(next * 16 + line) as *const i8, _MM_HINT_T0);
+    }
+    for line in (0..GROUP * blocks * 4).step_by(64) {
+        _mm_prefetch(
+            w.scale
+                .as_ptr()
+                .wrapping_add(next)
+                .cast::<i8>()
+                .wrapping_add(line),
+            _MM_HINT_T0,
+        );
+        _mm_prefetch(
+            w.offset
+                .as_ptr()
+                .wrapping_add(next)
+                .cast::<i8>()
+                .wrapping_add(line),
+            _MM_HINT_T0,
+        );
+    }
+    for b in 0..blocks {
+        let col = |c: usize| qs.add(((c0 + c) * blocks + b) * 16) as *const __m128i;
+        // column i in the low half, i + 4 in the high half; then a 4 x 4 transpose of u32 quads
+        // per half gives vector t = quad t (bytes 4t..4t + 4) of columns 0..8
+        let v: [__m256i; 4] = std::array::from_fn(|i| {
+            _mm256_set_m128i(_mm_loadu_si128(col(i + 4)), _mm_loadu_si128(col(i)))
+        });
+        let lo01 = _mm256_unpacklo_epi32(v[0], v[1]);
+        let hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
+        let lo23 = _mm256_unpacklo_epi32(v[2], v[3]);
+        let hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
+        let t = [
+            _mm256_unpacklo_epi64(lo01, lo23),
+            _mm256_unpackhi_epi64(lo01, lo23),
+            _mm256_unpacklo_epi64(hi01, hi23),
+            _mm256_unpackhi_epi64(hi01, hi23),
+        ];
+        let quads = std::ptr::addr_of_mut!((*g).quads[b]) as *mut __m256i;
+        for (i, t) in t.iter().enumerate() {
+            // byte j holds weight j (low nibble) and weight j + 16 (high nibble)
+            quads.add(i).write(_mm256_and_si256(*t, mask));
+            quads
+                .add(4 + i)
+                .write(_mm256_and_si256(_mm256_srli_epi16::<4>(*t), mask));
+        }
+        let at = |c: usize| (c0 + c) * blocks + b;
+        let (scale, offset) = (w.scale.as_ptr(), w.offset.as_ptr());
+        std::ptr::addr_of_mut!((*g).scale[b]).write(_mm256_setr_ps(
+            *scale.add(at(0)),
+            *scale.add(at(1)),
+            *scale.add(at(2)),
+            *scale.add(at(3)),
+            *scale.add(at(4)),
+            *scale.add(at(5)),
+            *scale.add(at(6)),
+            *scale.add(at(7)),
+        ));
+        std::ptr::addr_of_mut!((*g).offset[b]).write(_mm256_setr_ps(
+            *offset.add(at(0)),
+            *offset.add(at(1)),
+            *offset.add(at(2)),
+            *offset.add(at(3)),
+            *offset.add(at(4)),
+            *offset.add(at(5)),
+            *offset.add(at(6)),
+            *offset.add(at(7)),
+        ));
+    }
+}
