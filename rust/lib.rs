@@ -31,4 +31,4 @@ pub use planner::{
     choose_victims, plan, Action, ParkMode, PlannerConfig, Policy, RamView, RequestState,
     RequestView,
 };
-pub use pool::KvPool;
+pub use pool::{KvPool, PrefixHit};
