@@ -55,6 +55,10 @@ pub enum KvError {
     UnknownPage { page: usize, n_pages: usize },
     /// `check_integrity` found a broken invariant; the message names it.
     Integrity(String),
+    /// `match_prefix` was given a sequence that already holds `len` cells.
+    NotEmpty { seq: SeqId, len: usize },
+    /// The parallel lists of `register_step` differ in length.
+    RegisterMismatch { seq_ids: usize, token_lists: usize },
     /// Two requests in a planner snapshot have this id.
     DuplicateRequest(u64),
     /// Two requests in a planner snapshot have this slot.
@@ -124,6 +128,18 @@ impl fmt::Display for KvError {
             Self::UnknownPage { page, n_pages } => {
                 write!(f, "page {page} is out of range 0..{n_pages}")
             }
+            Self::NotEmpty { seq, len } => write!(
+                f,
+                "match_prefix needs an empty sequence: sequence {seq} holds {len} cells"
+            ),
+            Self::RegisterMismatch {
+                seq_ids,
+                token_lists,
+            } => write!(
+                f,
+                "register_step lists differ in length: {seq_ids} seq_ids, {token_lists} \
+                 token lists"
+            ),
             Self::Integrity(msg) => write!(f, "integrity: {msg}"),
             Self::DuplicateRequest(id) => {
                 write!(f, "request {id} is twice in the planner snapshot")

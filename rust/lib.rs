@@ -3,7 +3,10 @@
 //!
 //! Vocabulary (SPEC §1): a *cell* holds one token's K and V; a *page* is `page_size`
 //! consecutive cells, the unit of allocation; a sequence's *page table* lists its pages in
-//! logical order; the *pool* is all cells. [`KvPool`] holds all of it. The [`planner`] reads
+//! logical order; the *pool* is all cells. [`KvPool`] holds all of it. With the prefix cache
+//! on ([`KvPool::with_prefix_cache`]) a full page is also addressed by the hash chain of its
+//! tokens, and a *cached page* (held by no sequence, still findable) waits for reuse until its
+//! room is needed. The [`planner`] reads
 //! the pool's occupancy and a snapshot of the requests and decides who to *park* (swap or
 //! recompute), *resume*, *rotate* or fail; the workspace crate `kvpark-sim` (`rust/sim/`, not
 //! published) drives both through random workloads for the tests and the fuzzer.
@@ -31,4 +34,4 @@ pub use planner::{
     choose_victims, plan, Action, ParkMode, PlannerConfig, Policy, RamView, RequestState,
     RequestView,
 };
-pub use pool::KvPool;
+pub use pool::{KvPool, PrefixHit};

@@ -1,7 +1,10 @@
 //! Occupancy: pure queries the preemption planner reads (SPEC §5), never its own estimates.
 //!
 //! Counted in whole pages: a cell shared by several sequences counts once, and a partly used
-//! page counts in full, because that is what allocation can hand out.
+//! page counts in full, because that is what allocation can hand out. A cached page (prefix
+//! cache: held by no sequence, still findable) is not used: it is reported apart by
+//! `cells_cached` and counts as free, since allocation evicts it when nothing else is free; so
+//! the planner, which reads `cells_used`, parks nobody while evicting cached pages would do.
 
 use crate::error::KvResult;
 use crate::ids::{PageId, SeqId};
@@ -14,13 +17,20 @@ impl KvPool {
         self.pages.used_pages() * self.page_size()
     }
 
-    /// Cells in free pages.
+    /// Cells an allocation can take: free pages plus cached ones (a cached page is evicted
+    /// when the free list is empty), × `page_size`. `cells_used() + cells_free() == n_cells()`.
     pub fn cells_free(&self) -> usize {
         self.pages.free_pages() * self.page_size()
     }
 
+    /// Cells in cached pages: held by no sequence, findable by their tokens' hash chain until
+    /// evicted (part of [`cells_free`](Self::cells_free); 0 with the prefix cache off).
+    pub fn cells_cached(&self) -> usize {
+        self.pages.cached_pages() * self.page_size()
+    }
+
     /// Cells that removing exactly the sequences `seq_ids` would free: their pages all of whose
-    /// holders are in the set, × `page_size`. A sequence given twice counts once; an unknown one
+    /// holders are in the set, × `page_size` (whether they would then be free or cached). A sequence given twice counts once; an unknown one
     /// is a [`KvError::UnknownSequence`](crate::KvError::UnknownSequence).
     /// Costs O(pages of the given sequences · log), not O(pool).
     ///
@@ -53,7 +63,8 @@ impl KvPool {
         Ok(freed * self.page_size())
     }
 
-    /// Whether `n_cells` more cells, rounded up to whole pages, fit in the free pages.
+    /// Whether `n_cells` more cells, rounded up to whole pages, fit in the free and cached
+    /// pages.
     pub fn can_fit(&self, n_cells: usize) -> bool {
         pages_for(n_cells, self.page_size()) <= self.pages.free_pages()
     }

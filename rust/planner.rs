@@ -11,6 +11,12 @@
 //! [`KvPool::cells_freed_by`] of all their sequences together, so a page two victims share is
 //! freed once both are out and a page shared with a resident is never counted as freed.
 //!
+//! Cached pages (the prefix cache) are not in `used`: the pool evicts them when the free list
+//! is empty, so they are room, and the planner parks nobody while evicting them would do. A
+//! request sharing pages it took from the cache is no `family` and may be parked; parking it
+//! frees only its pages nobody else holds. A parked request's `resume_cells` stay the full
+//! count (a cached hit page costs room as a fresh one; see docs/preemption.md, "Prefix cache").
+//!
 //! # Policy
 //!
 //! | rule | `fcfs` (default) | `cost` |

@@ -38,10 +38,24 @@ class KvPool:
     pool gives 0, 1, 2, ...; a released page is the next one given. Every failing call changes
     nothing. Unknown sequence: KeyError; too few free pages: PoolFullError; other bad
     arguments: ValueError.
+
+    With prefix_cache_salt set, full pages whose token ids were registered stay cached when
+    released (held by no sequence, findable by the hash chain of their tokens) until their room
+    is needed; see register_tokens, match_prefix and docs/preemption.md.
     """
 
-    def __new__(cls, n_cells: int, page_size: int = 16) -> KvPool:
-        """ValueError unless page_size > 0, n_cells > 0 and n_cells is a multiple of page_size."""
+    def __new__(
+        cls, n_cells: int, page_size: int = 16, prefix_cache_salt: int | None = None
+    ) -> KvPool:
+        """ValueError unless page_size > 0, n_cells > 0 and n_cells is a multiple of page_size.
+
+        prefix_cache_salt (0..2**64): turn the prefix cache on, under this salt (it stands for
+        the model, dtype and exact-mode tiling: pages are found only under the same salt).
+        """
+
+    @property
+    def prefix_cache_salt(self) -> int | None:
+        """The prefix cache's salt; None when it is off."""
 
     @property
     def page_size(self) -> int:
@@ -120,7 +134,7 @@ class KvPool:
         """
 
     def cells_free(self) -> int:
-        """Cells in free pages."""
+        """Cells an allocation can take: free pages plus cached ones (evicted when needed)."""
 
     def cells_freed_by(self, seq_ids: list[int]) -> int:
         """Cells that removing exactly these sequences would free.
@@ -129,7 +143,67 @@ class KvPool:
         """
 
     def can_fit(self, n_cells: int) -> bool:
-        """Whether n_cells more cells, rounded up to whole pages, fit in the free pages."""
+        """Whether n_cells more cells, rounded up to whole pages, fit in free and cached pages."""
+
+    def cells_cached(self) -> int:
+        """Cells in cached pages: held by no sequence, findable until evicted.
+
+        Part of cells_free; 0 with the prefix cache off.
+        """
+
+    def register_tokens(self, seq_id: int, tokens: list[int]) -> int:
+        """Tell the pool the token ids of the sequence's next cells.
+
+        Call once a step has written their K and V (prompt and decoded rows alike); every page
+        this fills is registered. Returns the pages newly registered. ValueError (nothing
+        changed) if the registered tokens would pass seq_len. With the prefix cache off: checks
+        the same, registers nothing.
+        """
+
+    def register_step(self, seq_ids: list[int], tokens: list[list[int]]) -> int:
+        """register_tokens for every (seq_ids[i], tokens[i]) in order, in one call per step.
+
+        All or nothing. ValueError if the lists differ in length.
+        """
+
+    def registered_len(self, seq_id: int) -> int:
+        """Tokens of the sequence registered so far (0 with the prefix cache off)."""
+
+    def cached_prefix(self, tokens: list[int], max_tokens: int) -> tuple[int, int]:
+        """Pure: (tokens covered, cached cells) of the longest cached prefix of tokens[:max_tokens].
+
+        Whole registered pages only. Cached cells: those of the hit held by no sequence now,
+        which cost room when taken.
+        """
+
+    def cells_to_admit(self, tokens: list[int], max_tokens: int, n_cells: int) -> int:
+        """Pure: the room a new sequence holding n_cells cells takes after its cached prefix.
+
+        Free or cached cells: its pages beyond the hit of tokens[:max_tokens] plus the hit's
+        pages that are cached now. For the admission check against cells_free() and a parked
+        request's resume_cells.
+        """
+
+    def match_prefix(self, seq_id: int, tokens: list[int], max_tokens: int) -> int:
+        """Attach to the empty sequence the longest cached prefix of tokens[:max_tokens].
+
+        Whole registered pages join its page table (a cached page leaves the cache); returns
+        the tokens covered, its new seq_len (0: no hit). Takes no free page. Pass max_tokens =
+        len(prompt) - 1 for a prompt, the computed count for a swap resume. ValueError if the
+        sequence holds cells; 0 with the cache off.
+        """
+
+    def page_key(self, page: int) -> int | None:
+        """The page's key in the hash chain if it is registered (held or cached), else None.
+
+        ValueError if not in 0..n_pages.
+        """
+
+    def eviction_order(self) -> list[int]:
+        """The cached pages in the order eviction would take them (LRU leaf first).
+
+        O(cached); for tests and debugging.
+        """
 
     def page_refcount(self, page: int) -> int:
         """How many page tables hold the page (0: free). ValueError if not in 0..n_pages."""
@@ -138,7 +212,7 @@ class KvPool:
         """Check every invariant of the pool in O(pool); RuntimeError naming the broken one."""
 
     def reset(self) -> None:
-        """Drop every sequence; the pool is then as if new."""
+        """Drop every sequence and cached page; the pool is then as if new (the cache stays on)."""
 
 @final
 class RequestView:

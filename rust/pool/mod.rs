@@ -18,11 +18,25 @@
 //! hands out pages 0, 1, 2, …; a released page is the next one handed out. Sequences release
 //! their pages tail first, so a freed sequence's pages come back out in its logical order.
 //!
-//! This file holds the pool and its page allocator; [`sequences`] holds the calls on one
-//! sequence's page table (add, reserve, truncate, fork, free, slot mappings); `occupancy.rs` the
-//! queries the planner reads.
+//! With the prefix cache on ([`KvPool::with_prefix_cache`]) a released full page whose token
+//! ids were registered is not freed but *cached*: held by no sequence, findable by the hash
+//! chain of its tokens, evicted (LRU, leaves first) only when the free list is empty. See
+//! [`prefix`] for the rules and the calls the engine makes.
+//!
+//! Files: this one holds the pool and its integrity check; `allocator.rs` the ref counts, free
+//! list and eviction; [`sequences`] the calls on one sequence's page table (add, reserve,
+//! truncate, fork, free, slot mappings); [`prefix`] registration and prefix hits, over
+//! `page_key.rs` (the hash chain), `cached_pages.rs` (the index of registered pages) and
+//! `token_chain.rs` (what each sequence registered); `cache_integrity.rs` the cache's
+//! invariants; `occupancy.rs` (beside this module) the queries the planner reads.
 
+mod allocator;
+mod cache_integrity;
+mod cached_pages;
+mod page_key;
+mod prefix;
 mod sequences;
+mod token_chain;
 
 use std::collections::BTreeMap;
 
@@ -30,104 +44,9 @@ use crate::error::{KvError, KvResult};
 use crate::ids::{PageId, SeqId};
 use crate::page_table::{pages_for, PageTable};
 
-/// Ref counts and the free list: the page-level bookkeeping under [`KvPool`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PageAllocator {
-    page_size: usize,
-    /// Ref count per page: how many page tables hold it. 0 exactly when the page is free.
-    refcounts: Vec<u32>,
-    /// Free pages; the last one is handed out next.
-    free: Vec<PageId>,
-}
-
-impl PageAllocator {
-    fn new(n_pages: usize, page_size: usize) -> Self {
-        let mut allocator = Self {
-            page_size,
-            refcounts: vec![0; n_pages],
-            free: Vec::with_capacity(n_pages),
-        };
-        allocator.reset();
-        allocator
-    }
-
-    /// Every page free; page 0 is handed out first.
-    fn reset(&mut self) {
-        self.refcounts.fill(0);
-        self.free.clear();
-        // n_pages <= 2**32 was checked by `KvPool::new`, so every index fits a PageId.
-        self.free
-            .extend((0..self.refcounts.len()).rev().map(|p| p as PageId));
-    }
-
-    pub(crate) fn page_size(&self) -> usize {
-        self.page_size
-    }
-
-    pub(crate) fn n_pages(&self) -> usize {
-        self.refcounts.len()
-    }
-
-    pub(crate) fn free_pages(&self) -> usize {
-        self.free.len()
-    }
-
-    pub(crate) fn used_pages(&self) -> usize {
-        self.n_pages() - self.free.len()
-    }
-
-    /// Ref count of `page`.
-    /// note: call only if `page < n_pages`.
-    pub(crate) fn refcount(&self, page: PageId) -> u32 {
-        self.refcounts[page as usize]
-    }
-
-    /// `Ok` if `needed` pages are free, else the `PoolFull` error to return unchanged.
-    pub(crate) fn ensure_free(&self, needed: usize) -> KvResult<()> {
-        if needed <= self.free.len() {
-            Ok(())
-        } else {
-            Err(KvError::PoolFull {
-                needed,
-                free: self.free.len(),
-                page_size: self.page_size,
-            })
-        }
-    }
-
-    /// Takes the next free page, with ref count 1.
-    /// note: call only if a page is free (`ensure_free(1)` passed).
-    pub(crate) fn alloc(&mut self) -> PageId {
-        debug_assert!(!self.free.is_empty(), "alloc from an empty free list");
-        let page = self.free.pop().expect("alloc: no free page");
-        debug_assert_eq!(self.refcounts[page as usize], 0, "free page {page} is held");
-        self.refcounts[page as usize] = 1;
-        page
-    }
-
-    /// One more page table holds `page`.
-    /// note: call only if `page` is held (ref count > 0): only held pages are shared.
-    pub(crate) fn retain(&mut self, page: PageId) {
-        let count = &mut self.refcounts[page as usize];
-        debug_assert!(*count > 0, "retain of free page {page}");
-        *count += 1;
-    }
-
-    /// One page table fewer holds `page`; at ref count 0 it goes back on the free list.
-    /// Returns whether it did.
-    /// note: call only if `page` is held (ref count > 0).
-    pub(crate) fn release(&mut self, page: PageId) -> bool {
-        let count = &mut self.refcounts[page as usize];
-        debug_assert!(*count > 0, "release of free page {page}");
-        *count -= 1;
-        if *count == 0 {
-            self.free.push(page);
-            true
-        } else {
-            false
-        }
-    }
-}
+pub(crate) use allocator::PageAllocator;
+pub use prefix::PrefixHit;
+use token_chain::TokenChain;
 
 /// The KV cell pool: pages with ref counts, a free list, and each sequence's page table.
 ///
@@ -148,6 +67,9 @@ impl PageAllocator {
 pub struct KvPool {
     pub(crate) pages: PageAllocator,
     pub(crate) tables: BTreeMap<SeqId, PageTable>,
+    /// Per sequence, the token ids registered so far and the chain of its full pages; empty
+    /// with the prefix cache off.
+    pub(crate) chains: BTreeMap<SeqId, TokenChain>,
 }
 
 impl KvPool {
@@ -156,6 +78,11 @@ impl KvPool {
     /// Fails with [`KvError::BadGeometry`] unless both are positive and `n_cells` is a whole
     /// number of pages (at most 2**32 of them).
     pub fn new(n_cells: usize, page_size: usize) -> KvResult<Self> {
+        Self::build(n_cells, page_size, None)
+    }
+
+    /// `new`, with the prefix cache on when `salt` is given.
+    fn build(n_cells: usize, page_size: usize, salt: Option<u64>) -> KvResult<Self> {
         let bad = KvError::BadGeometry { n_cells, page_size };
         if page_size == 0 || n_cells == 0 || n_cells % page_size != 0 {
             return Err(bad);
@@ -165,8 +92,9 @@ impl KvPool {
             return Err(bad);
         }
         Ok(Self {
-            pages: PageAllocator::new(n_pages, page_size),
+            pages: PageAllocator::new(n_pages, page_size, salt),
             tables: BTreeMap::new(),
+            chains: BTreeMap::new(),
         })
     }
 
@@ -197,9 +125,11 @@ impl KvPool {
         }
     }
 
-    /// Drops every sequence; the pool is then as if new (page 0 is handed out first).
+    /// Drops every sequence and every cached page; the pool is then as if new (page 0 is handed
+    /// out first; the prefix cache stays on or off, with its salt).
     pub fn reset(&mut self) {
         self.tables.clear();
+        self.chains.clear();
         self.pages.reset();
     }
 
@@ -209,7 +139,8 @@ impl KvPool {
     /// holds only pages in range, none twice; no page is both free and held; free + used pages ==
     /// total; each page's ref count == the number of page tables holding it; no page twice in
     /// one table; a sequence of `len` cells holds exactly `ceil(len / page_size)` pages; a shared
-    /// page is full in every table holding it (copy-on-write).
+    /// page is full in every table holding it (copy-on-write); and with the prefix cache on, the
+    /// cache's invariants (`cache_integrity.rs`).
     pub fn check_integrity(&self) -> KvResult<()> {
         let fail = |msg: String| Err(KvError::Integrity(msg));
         let n_pages = self.n_pages();
@@ -277,9 +208,11 @@ impl KvPool {
         }
         let used = refcounts.iter().filter(|&&c| c > 0).count();
         let free = self.pages.free.len();
-        if used + free != n_pages {
+        let cached = self.pages.cached_pages();
+        if used + free + cached != n_pages {
             return fail(format!(
-                "free ({free}) + used ({used}) pages != total ({n_pages}): a page is lost"
+                "free ({free}) + cached ({cached}) + used ({used}) pages != total ({n_pages}): \
+                 a page is lost"
             ));
         }
 
@@ -294,7 +227,7 @@ impl KvPool {
                 }
             }
         }
-        Ok(())
+        self.check_prefix_cache().map_err(KvError::Integrity)
     }
 }
 

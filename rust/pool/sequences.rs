@@ -19,7 +19,7 @@ use crate::ids::{PageId, SeqId};
 use crate::page_table::{pages_for, PageTable};
 
 impl KvPool {
-    fn table(&self, seq: SeqId) -> KvResult<&PageTable> {
+    pub(super) fn table(&self, seq: SeqId) -> KvResult<&PageTable> {
         self.tables.get(&seq).ok_or(KvError::UnknownSequence(seq))
     }
 
@@ -90,8 +90,9 @@ impl KvPool {
         debug_assert!(
             n_tokens == table.len
                 || table.len % page_size == 0
-                || self.pages.refcount(table.pages[have - 1]) == 1,
-            "sequence {seq} would write into a shared page"
+                || (self.pages.refcount(table.pages[have - 1]) == 1
+                    && !self.pages.is_registered(table.pages[have - 1])),
+            "sequence {seq} would write into a shared or registered page"
         );
         for _ in 0..needed {
             table.pages.push(self.pages.alloc());
@@ -103,9 +104,10 @@ impl KvPool {
     /// Keeps the first `n_tokens` cells of sequence `seq` and releases the pages it no longer
     /// needs (ref count -1; a page nobody holds is free again).
     ///
-    /// If the new tail page is partly used and shared, the sequence gets a private copy of it
-    /// (copy-on-write) and the call returns `[(src, dst)]`, the page copy the runner must do;
-    /// else `[]`. [`KvError::PoolFull`] if no page is left for the copy (a page this call
+    /// If the new tail page is partly used and shared (or registered in the prefix cache), the
+    /// sequence gets a private copy of it (copy-on-write) and the call returns `[(src, dst)]`,
+    /// the page copy the runner must do; else `[]`. Registered tokens past `n_tokens` are
+    /// forgotten. [`KvError::PoolFull`] if no page is left for the copy (a page this call
     /// releases counts as free). Fails with [`KvError::WouldGrow`] if `n_tokens > seq_len(seq)`.
     ///
     /// ```
@@ -134,7 +136,12 @@ impl KvPool {
             });
         }
         let keep = pages_for(n_tokens, page_size);
-        let copy_tail = n_tokens % page_size != 0 && self.pages.refcount(table.pages[keep - 1]) > 1;
+        // A registered page is copied too: other sequences may find it by its key, so its
+        // cells must never change (it stays registered, held by others or cached).
+        let copy_tail = n_tokens % page_size != 0 && {
+            let tail = table.pages[keep - 1];
+            self.pages.refcount(tail) > 1 || self.pages.is_registered(tail)
+        };
         if copy_tail {
             let released = table.pages[keep..]
                 .iter()
@@ -152,13 +159,17 @@ impl KvPool {
             self.pages.release(page);
         }
         table.len = n_tokens;
+        if let Some(chain) = self.chains.get_mut(&seq) {
+            chain.truncate(n_tokens, page_size);
+        }
         if !copy_tail {
             return Ok(Vec::new());
         }
         let src = table.pages[keep - 1];
         let dst = self.pages.alloc();
+        let registered = self.pages.is_registered(src);
         let freed = self.pages.release(src);
-        debug_assert!(!freed, "copied page {src} was not shared");
+        debug_assert!(!freed || registered, "copied page {src} was not shared");
         table.pages[keep - 1] = dst;
         Ok(vec![(src, dst)])
     }
@@ -166,7 +177,7 @@ impl KvPool {
     /// Adds sequence `child` holding the same cells as `parent` (prefix sharing for `n > 1`):
     /// the child shares the parent's full pages (ref count +1 each). A partly used last page is
     /// not shared: the child gets a fresh page, and the call returns `[(src, dst)]`, the page
-    /// copy the runner must do; else `[]`.
+    /// copy the runner must do; else `[]`. The child has the parent's registered tokens.
     ///
     /// Fails with [`KvError::UnknownSequence`] for an unknown parent, [`KvError::SequenceExists`]
     /// if `child` exists, and [`KvError::PoolFull`] if no page is free for the copy.
@@ -207,11 +218,14 @@ impl KvPool {
             copies.push((src, dst));
         }
         self.tables.insert(child, child_table);
+        if let Some(chain) = self.chains.get(&parent) {
+            self.chains.insert(child, chain.clone());
+        }
         Ok(copies)
     }
 
     /// Removes sequence `seq` and returns the cells that went back to the pool: its pages that
-    /// no other sequence holds, × `page_size`.
+    /// no other sequence holds, × `page_size` (free again, or cached if registered).
     ///
     /// ```
     /// # use kvpark_core::KvPool;
@@ -228,6 +242,7 @@ impl KvPool {
             .tables
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
+        self.chains.remove(&seq);
         let mut freed = 0;
         for &page in table.pages.iter().rev() {
             freed += usize::from(self.pages.release(page));

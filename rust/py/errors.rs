@@ -29,6 +29,8 @@ impl From<KvError> for PyErr {
             | KvError::OutOfRange { .. }
             | KvError::LengthMismatch { .. }
             | KvError::UnknownPage { .. }
+            | KvError::NotEmpty { .. }
+            | KvError::RegisterMismatch { .. }
             | KvError::DuplicateRequest(_)
             | KvError::DuplicateSlot(_) => PyValueError::new_err(msg),
         }

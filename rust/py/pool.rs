@@ -11,16 +11,31 @@ use crate::{KvPool, PageId, SeqId};
 /// pool gives 0, 1, 2, ...; a released page is the next one given. Every failing call changes
 /// nothing. Unknown sequence: KeyError; too few free pages: PoolFullError; other bad
 /// arguments: ValueError.
+///
+/// With prefix_cache_salt set, full pages whose token ids were registered stay cached when
+/// released (held by no sequence, findable by the hash chain of their tokens) until their room
+/// is needed; see register_tokens, match_prefix and docs/preemption.md.
 #[pyclass(name = "KvPool", module = "kvpark._core")]
 pub(super) struct PyKvPool(pub(super) KvPool);
 
 #[pymethods]
 impl PyKvPool {
     /// ValueError unless page_size > 0, n_cells > 0 and n_cells is a multiple of page_size.
+    /// prefix_cache_salt (0..2**64): turn the prefix cache on, under this salt (it stands for
+    /// the model, dtype and exact-mode tiling: pages are found only under the same salt).
     #[new]
-    #[pyo3(signature = (n_cells, page_size = 16))]
-    fn new(n_cells: usize, page_size: usize) -> PyResult<Self> {
-        Ok(Self(KvPool::new(n_cells, page_size)?))
+    #[pyo3(signature = (n_cells, page_size = 16, prefix_cache_salt = None))]
+    fn new(n_cells: usize, page_size: usize, prefix_cache_salt: Option<u64>) -> PyResult<Self> {
+        Ok(Self(match prefix_cache_salt {
+            Some(salt) => KvPool::with_prefix_cache(n_cells, page_size, salt)?,
+            None => KvPool::new(n_cells, page_size)?,
+        }))
+    }
+
+    /// The prefix cache's salt; None when it is off.
+    #[getter]
+    fn prefix_cache_salt(&self) -> Option<u64> {
+        self.0.prefix_cache_salt()
     }
 
     /// Cells per page.
@@ -129,7 +144,7 @@ impl PyKvPool {
         self.0.cells_used()
     }
 
-    /// Cells in free pages.
+    /// Cells an allocation can take: free pages plus cached ones (evicted when needed).
     fn cells_free(&self) -> usize {
         self.0.cells_free()
     }
@@ -140,9 +155,74 @@ impl PyKvPool {
         Ok(self.0.cells_freed_by(&seq_ids)?)
     }
 
-    /// Whether n_cells more cells, rounded up to whole pages, fit in the free pages.
+    /// Whether n_cells more cells, rounded up to whole pages, fit in the free and cached pages.
     fn can_fit(&self, n_cells: usize) -> bool {
         self.0.can_fit(n_cells)
+    }
+
+    /// Cells in cached pages: held by no sequence, findable until evicted (part of
+    /// cells_free; 0 with the prefix cache off).
+    fn cells_cached(&self) -> usize {
+        self.0.cells_cached()
+    }
+
+    /// Tell the pool the token ids of the sequence's next cells, once a step has written their
+    /// K and V (prompt and decoded rows alike); every page this fills is registered. Returns
+    /// the pages newly registered. ValueError (nothing changed) if the registered tokens
+    /// would pass seq_len. With the prefix cache off: checks the same, registers nothing.
+    fn register_tokens(&mut self, seq_id: SeqId, tokens: Vec<u32>) -> PyResult<usize> {
+        Ok(self.0.register_tokens(seq_id, &tokens)?)
+    }
+
+    /// register_tokens for every (seq_ids[i], tokens[i]) in order, in one call per step; all
+    /// or nothing. ValueError if the lists differ in length.
+    fn register_step(&mut self, seq_ids: Vec<SeqId>, tokens: Vec<Vec<u32>>) -> PyResult<usize> {
+        Ok(self.0.register_step(&seq_ids, &tokens)?)
+    }
+
+    /// Tokens of the sequence registered so far (0 with the prefix cache off).
+    fn registered_len(&self, seq_id: SeqId) -> PyResult<usize> {
+        Ok(self.0.registered_len(seq_id)?)
+    }
+
+    /// Pure: (tokens covered, cached cells) of the longest chain of whole registered pages
+    /// matching the start of tokens[:max_tokens]. Cached cells: those of the hit held by no
+    /// sequence now, which cost room when taken.
+    fn cached_prefix(&self, tokens: Vec<u32>, max_tokens: usize) -> (usize, usize) {
+        let hit = self.0.cached_prefix(&tokens, max_tokens);
+        (hit.tokens, hit.cached_cells)
+    }
+
+    /// Pure: the room (free or cached cells) a new sequence holding n_cells cells takes after
+    /// attaching its cached prefix of tokens[:max_tokens]. For the admission check against
+    /// cells_free() and a parked request's resume_cells.
+    fn cells_to_admit(&self, tokens: Vec<u32>, max_tokens: usize, n_cells: usize) -> usize {
+        self.0.cells_to_admit(&tokens, max_tokens, n_cells)
+    }
+
+    /// Attach to the empty sequence the longest chain of whole registered pages matching the
+    /// start of tokens[:max_tokens]; return the tokens covered (its new seq_len; 0: no hit).
+    /// Takes no free page. Pass max_tokens = len(prompt) - 1 for a prompt, the computed count
+    /// for a swap resume. ValueError if the sequence holds cells; 0 with the cache off.
+    fn match_prefix(
+        &mut self,
+        seq_id: SeqId,
+        tokens: Vec<u32>,
+        max_tokens: usize,
+    ) -> PyResult<usize> {
+        Ok(self.0.match_prefix(seq_id, &tokens, max_tokens)?)
+    }
+
+    /// The page's key in the hash chain if it is registered (held or cached), else None.
+    /// ValueError if not in 0..n_pages.
+    fn page_key(&self, page: usize) -> PyResult<Option<u64>> {
+        Ok(self.0.page_key(page)?)
+    }
+
+    /// The cached pages in the order eviction would take them (least recently cached leaf
+    /// first). O(cached); for tests and debugging.
+    fn eviction_order(&self) -> Vec<PageId> {
+        self.0.eviction_order()
     }
 
     /// How many page tables hold the page (0: free). ValueError if not in 0..n_pages.
@@ -155,17 +235,18 @@ impl PyKvPool {
         Ok(self.0.check_integrity()?)
     }
 
-    /// Drop every sequence; the pool is then as if new.
+    /// Drop every sequence and cached page; the pool is then as if new (the cache stays on).
     fn reset(&mut self) {
         self.0.reset();
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "KvPool(n_cells={}, page_size={}, cells_used={}, sequences={})",
+            "KvPool(n_cells={}, page_size={}, cells_used={}, cells_cached={}, sequences={})",
             self.0.n_cells(),
             self.0.page_size(),
             self.0.cells_used(),
+            self.0.cells_cached(),
             self.0.sequences().len()
         )
     }

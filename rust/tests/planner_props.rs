@@ -21,6 +21,7 @@ fn config(
         max_batch_tokens,
         bytes_per_cell: 740, // tinyllama's, as in the original tests
         ms_per_step: 20,
+        prefix_cache: false,
         planner: PlannerConfig {
             ram_budget: budget,
             ..PlannerConfig::default()
@@ -34,6 +35,8 @@ fn req(prompt_len: usize, output_len: usize, arrival_step: u64) -> SimRequest {
         output_len,
         arrival_step,
         n: 1,
+        prefix_id: 0,
+        prefix_len: 0,
     }
 }
 
@@ -169,6 +172,47 @@ fn families_are_never_parked_and_overflow_only_among_themselves() {
     assert!(all_finished(&report), "{report:?}");
 }
 
+#[test]
+fn chat_turns_hit_the_pages_earlier_turns_decoded() {
+    // Turn t's prompt is the shared stream's first 20 + 30 t tokens: turn t - 1's prompt plus
+    // the 30 tokens it decoded (greedily, so the same). Each turn comes after the last ended.
+    for budget in [None, Some(0)] {
+        let mut config = config(256, 2, 64, budget);
+        config.prefix_cache = true;
+        let requests = (0..4)
+            .map(|t| SimRequest {
+                prefix_id: 1,
+                prefix_len: 20 + 30 * t,
+                ..req(20 + 30 * t, 31, 60 * t as u64)
+            })
+            .collect();
+        let report = run_ok(&Workload { config, requests });
+        assert!(all_finished(&report), "{report:?}");
+        // Turns 1, 2, 3 hit all their whole pages but the last token's: 48 + 64 + 96.
+        assert_eq!(report.hit_tokens, 48 + 64 + 96, "{report:?}");
+    }
+}
+
+#[test]
+fn requests_sharing_a_prompt_under_pressure_park_and_resume_from_the_cache() {
+    // Four requests share a 64-token system prompt in a pool too small for all of them.
+    for budget in [None, Some(0)] {
+        let mut config = config(320, 4, 64, budget);
+        config.prefix_cache = true;
+        let requests = (0..4)
+            .map(|i| SimRequest {
+                prefix_id: 2,
+                prefix_len: 64,
+                ..req(80, 60, i)
+            })
+            .collect();
+        let report = run_ok(&Workload { config, requests });
+        assert!(all_finished(&report), "{report:?}");
+        assert!(report.swaps + report.recomputes >= 1, "{report:?}");
+        assert!(report.hit_tokens >= 3 * 64, "{report:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------- random
 
 fn workload() -> impl Strategy<Value = Workload> {
@@ -187,29 +231,36 @@ fn workload() -> impl Strategy<Value = Workload> {
         prop::bool::weighted(0.8),
         1u64..2000,
         1u64..20,
+        any::<bool>(),
     );
     config.prop_flat_map(
-        |(page_size, n_pages, parallel, extra, budget, cost, park_ahead, bpc, ms)| {
+        |(page_size, n_pages, parallel, extra, budget, cost, park_ahead, bpc, ms, cache)| {
             let n_cells = n_pages * page_size;
             let request = (
                 1..n_cells + 8,
                 1usize..48,
                 0u64..8,
                 prop::sample::select(vec![1usize, 1, 1, 1, 1, 1, 2, 3]),
+                // Shared stream, and the quarters of the prompt drawn from it (4: all of it).
+                (0u32..3, 0usize..=4),
             );
             prop::collection::vec(request, 1..10).prop_map(move |reqs| {
                 let mut arrival = 0;
                 let requests = reqs
                     .into_iter()
-                    .map(|(prompt_len, output_len, delta, n)| {
-                        arrival += delta;
-                        SimRequest {
-                            prompt_len,
-                            output_len,
-                            arrival_step: arrival,
-                            n,
-                        }
-                    })
+                    .map(
+                        |(prompt_len, output_len, delta, n, (prefix_id, quarters))| {
+                            arrival += delta;
+                            SimRequest {
+                                prompt_len,
+                                output_len,
+                                arrival_step: arrival,
+                                n,
+                                prefix_id,
+                                prefix_len: if cache { prompt_len * quarters / 4 } else { 0 },
+                            }
+                        },
+                    )
                     .collect();
                 Workload {
                     config: SimConfig {
@@ -219,6 +270,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         max_batch_tokens: parallel + extra,
                         bytes_per_cell: bpc,
                         ms_per_step: ms * 10,
+                        prefix_cache: cache,
                         planner: PlannerConfig {
                             policy: if cost { Policy::Cost } else { Policy::Fcfs },
                             ram_budget: budget,

@@ -29,10 +29,20 @@
 //!   [`choose_victims`](kvpark_core::choose_victims), else fails the request with the context
 //!   error.
 //!
+//! With the prefix cache on ([`SimConfig::prefix_cache`]) requests draw prompts from a few
+//! shared streams, admissions and resumes take what is cached (`match_prefix`; a swap copies
+//! back and a recompute replays only the rest), and every step registers the tokens it
+//! computed. The oracle then also keeps a shadow of every cell's content (a hash of the tokens
+//! up to it: what K/V depend on) and fails a run where a resident sequence reads other K/V: a
+//! cached page handed out while held, a page written while shared or registered, a hit on
+//! another prompt's pages. The planner's `resume_cells` stay the full count (a hit page costs
+//! room as a fresh one: cached pages count as free; see docs/preemption.md).
+//!
 //! Files: this one holds the public types and [`run`]; `workload.rs` decodes a workload from the
 //! fuzzer's bytes; `engine/` is the simulation (`mod.rs` the state and the step,
 //! `rows.rs` admission, rows and the planner's view, `actions.rs` the plan's actions,
-//! `checks.rs` reservations, token progress and the invariants).
+//! `checks.rs` reservations, token progress and the invariants, `tokens.rs` token ids and the
+//! cell contents).
 
 mod engine;
 mod workload;
@@ -55,6 +65,9 @@ pub struct SimConfig {
     /// The clock advances this much per step.
     pub ms_per_step: u64,
     pub planner: PlannerConfig,
+    /// The pool's prefix cache: admissions and resumes take what is cached, every step
+    /// registers the tokens it computed.
+    pub prefix_cache: bool,
 }
 
 /// One request of a workload.
@@ -67,6 +80,11 @@ pub struct SimRequest {
     pub arrival_step: u64,
     /// Sequences after the prompt (`n > 1`: a family sharing the prompt's pages).
     pub n: usize,
+    /// The prompt's first `prefix_len` tokens are those of shared stream `prefix_id` (0: a
+    /// prompt of its own). A prompt that is all shared stream decodes the stream's next tokens,
+    /// so a later request with a longer prefix of it hits the pages this one decoded.
+    pub prefix_id: u32,
+    pub prefix_len: usize,
 }
 
 /// A configuration and its requests.
@@ -105,6 +123,8 @@ pub struct Report {
     pub max_head_wait: u64,
     /// Longest run of steps without a token generated or a request ended.
     pub max_stall: u64,
+    /// Tokens taken from cached pages (admissions and resumes).
+    pub hit_tokens: u64,
 }
 
 /// A broken invariant, at a step.

@@ -121,6 +121,14 @@ impl Sim {
         for k in 0..self.reqs[i].seqs.len() {
             let s = &self.reqs[i].seqs[k];
             self.pool.add_sequence(s.id).unwrap();
+            // Pages still cached are taken by their tokens' hash: a swap copies back only the
+            // rest, a recompute replays only the rest (at least its last token).
+            let (tokens, max_hit) = match mode {
+                ParkMode::Swap => (&s.tokens[..s.computed], s.computed),
+                ParkMode::Recompute => (&s.tokens[..], s.known - 1),
+            };
+            let hit = self.pool.match_prefix(s.id, tokens, max_hit).unwrap();
+            self.report.hit_tokens += hit as u64;
             if mode == ParkMode::Swap {
                 if let Err(e) = self.pool.reserve(s.id, s.computed) {
                     return self.fail(format!(
@@ -128,6 +136,16 @@ impl Sim {
                         self.reqs[i].id
                     ));
                 }
+                // The copy back, then its pages are registered like computed ones.
+                let s = &self.reqs[i].seqs[k];
+                self.cells.write(&self.pool, s, hit, s.computed);
+                if self.cfg.prefix_cache {
+                    self.pool
+                        .register_tokens(s.id, &s.tokens[hit..s.computed])
+                        .unwrap();
+                }
+            } else {
+                self.reqs[i].seqs[k].computed = hit;
             }
         }
         let r = &mut self.reqs[i];

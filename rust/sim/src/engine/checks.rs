@@ -2,7 +2,7 @@
 
 use kvpark_core::{choose_victims, Action, ParkMode, Policy, RamView};
 
-use super::{Phase, Seq, Sim};
+use super::{tokens, violation, Phase, Seq, Sim};
 use crate::{Outcome, Violation};
 
 impl Sim {
@@ -119,9 +119,19 @@ impl Sim {
         for i in self.running() {
             let mut sampled = false;
             for s in &mut self.reqs[i].seqs {
+                // The step writes the rows' K/V, then the engine registers their tokens.
+                self.cells
+                    .write(&self.pool, s, s.computed, s.computed + s.rows);
+                if self.cfg.prefix_cache && s.rows > 0 {
+                    let rows = &s.tokens[s.computed..s.computed + s.rows];
+                    if let Err(e) = self.pool.register_tokens(s.id, rows) {
+                        return violation(self.step, format!("register failed: {e}"));
+                    }
+                }
                 s.computed += s.rows;
                 if s.rows > 0 && s.computed == s.known {
-                    s.known += 1;
+                    let before = s.content.last().copied().unwrap_or(0);
+                    s.push(tokens::next_token(before, s.branch));
                     s.generated += 1;
                     sampled = true;
                 }
@@ -135,16 +145,18 @@ impl Sim {
             r.tokens_since_resume = r.tokens_since_resume.saturating_add(1);
             if r.family() && r.seqs.len() == 1 {
                 let parent = r.seqs[0].clone();
-                for _ in 1..r.spec.n {
+                for k in 1..r.spec.n {
                     let child = self.new_seq();
-                    if self.pool.fork(parent.id, child).is_err() {
+                    let Ok(copies) = self.pool.fork(parent.id, child) else {
                         // No page for the copy of the partly used tail: a family overflows.
                         self.report.fails += 1;
                         self.end(i, Outcome::ContextError);
                         break;
-                    }
+                    };
+                    self.cells.copy(self.cfg.page_size, &copies);
                     self.reqs[i].seqs.push(Seq {
                         id: child,
+                        branch: k as u64,
                         ..parent.clone()
                     });
                 }
@@ -155,6 +167,26 @@ impl Sim {
             let r = &self.reqs[i];
             if r.seqs.iter().all(|s| s.generated >= r.spec.output_len) {
                 self.end(i, Outcome::Finished);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every resident sequence reads back its own K/V (no page written while another reads
+    /// it, no cached page handed out while held, no hit on other tokens' pages), and every hit
+    /// was the one `cached_prefix` promised.
+    pub(super) fn check_contents(&self) -> Result<(), Violation> {
+        if self.wrong_hits > 0 {
+            return self.fail("match_prefix covered other than cached_prefix said".to_string());
+        }
+        for r in self.reqs.iter().filter(|r| r.phase == Phase::Running) {
+            for s in &r.seqs {
+                if let Some(j) = self.cells.wrong_at(&self.pool, s, s.computed) {
+                    return self.fail(format!(
+                        "sequence {} of request {} reads other K/V at position {j}",
+                        s.id, r.id
+                    ));
+                }
             }
         }
         Ok(())

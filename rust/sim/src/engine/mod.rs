@@ -4,6 +4,7 @@
 mod actions;
 mod checks;
 mod rows;
+mod tokens;
 
 use kvpark_core::{plan, KvPool, ParkMode, RamView, SeqId};
 
@@ -22,16 +23,22 @@ enum Phase {
     Done(Outcome),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Seq {
     id: SeqId,
-    /// Prompt plus generated tokens.
+    /// Prompt plus generated tokens (`tokens.len()`).
     known: usize,
     /// Tokens whose cells are in the pool (`known - 1` between decode steps).
     computed: usize,
     generated: usize,
     /// Rows this step.
     rows: usize,
+    /// Its token ids and each position's content (`tokens.rs`).
+    tokens: Vec<u32>,
+    content: Vec<u64>,
+    /// Which pick it makes after each token: 0 greedy (a family's first sequence), else its
+    /// index in the family.
+    branch: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -74,6 +81,10 @@ impl Req {
 pub(crate) struct Sim {
     cfg: SimConfig,
     pool: KvPool,
+    /// What every cell holds: each running sequence must read back its own.
+    cells: tokens::Cells,
+    /// Hits by `match_prefix` that differed from what `cached_prefix` promised.
+    wrong_hits: u64,
     reqs: Vec<Req>,
     /// Per slot: the request (index) holding it.
     slot_owner: Vec<Option<usize>>,
@@ -99,7 +110,12 @@ fn violation<T>(step: u64, what: String) -> Result<T, Violation> {
 impl Sim {
     pub(crate) fn new(w: &Workload) -> Result<Self, Violation> {
         let cfg = w.config.clone();
-        let Ok(pool) = KvPool::new(cfg.n_cells, cfg.page_size) else {
+        let pool = if cfg.prefix_cache {
+            KvPool::with_prefix_cache(cfg.n_cells, cfg.page_size, 0x5EED)
+        } else {
+            KvPool::new(cfg.n_cells, cfg.page_size)
+        };
+        let Ok(pool) = pool else {
             return violation(
                 0,
                 format!("bad geometry {} / {}", cfg.n_cells, cfg.page_size),
@@ -150,6 +166,8 @@ impl Sim {
         Ok(Self {
             slot_owner: vec![None; cfg.parallel],
             buffers: vec![0; cfg.parallel],
+            cells: tokens::Cells(vec![0; cfg.n_cells]),
+            wrong_hits: 0,
             pool,
             reqs,
             next_seq: 1,
@@ -215,6 +233,7 @@ impl Sim {
         if let Err(e) = self.pool.check_integrity() {
             return self.fail(e.to_string());
         }
+        self.check_contents()?;
         self.check_progress()
     }
 }

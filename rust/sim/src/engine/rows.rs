@@ -2,7 +2,7 @@
 
 use kvpark_core::{ParkMode, RequestState, RequestView, SeqId};
 
-use super::{pages_for, Phase, Seq, Sim};
+use super::{pages_for, tokens, Phase, Sim};
 use crate::{Outcome, Violation};
 
 impl Sim {
@@ -30,8 +30,13 @@ impl Sim {
                 .filter(|r| r.phase == Phase::Running)
                 .map(|r| r.seqs.len())
                 .sum();
-            let rows = spec.prompt_len.min(self.cfg.max_batch_tokens);
-            let fits = self.pool.can_fit((pages_for(rows, ps) + decoding) * ps);
+            let mut seq = tokens::prompt(spec, i);
+            // The last prompt token is always computed: its row gives the first logits.
+            let max_hit = spec.prompt_len - 1;
+            let hit = self.pool.cached_prefix(&seq.tokens, max_hit).tokens;
+            let rows = (spec.prompt_len - hit).min(self.cfg.max_batch_tokens);
+            let room = self.pool.cells_to_admit(&seq.tokens, max_hit, hit + rows);
+            let fits = self.pool.can_fit(room + decoding * ps);
             if parked || free_slots < spec.n || !fits {
                 return; // head of line: nobody passes it
             }
@@ -41,16 +46,18 @@ impl Sim {
                 self.slot_owner[slot] = Some(i);
                 self.reqs[i].slots.push(slot as u32);
             }
-            let seq = self.new_seq();
-            self.pool.add_sequence(seq).unwrap();
+            seq.id = self.new_seq();
+            self.pool.add_sequence(seq.id).unwrap();
+            seq.computed = self
+                .pool
+                .match_prefix(seq.id, &seq.tokens, max_hit)
+                .unwrap();
+            self.report.hit_tokens += seq.computed as u64;
+            if seq.computed != hit {
+                self.wrong_hits += 1; // a violation at the end of the step
+            }
             let req = &mut self.reqs[i];
-            req.seqs.push(Seq {
-                id: seq,
-                known: req.spec.prompt_len,
-                computed: 0,
-                generated: 0,
-                rows: 0,
-            });
+            req.seqs.push(seq);
             req.phase = Phase::Running;
         }
     }
