@@ -157,8 +157,14 @@ def test_the_last_chunk_carries_usage_timings_and_preempt() -> None:
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     last = chunks[-1]
     assert last["choices"] == []
-    assert last["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-    assert last["timings"]["prompt_n"] == 3 and last["timings"]["predicted_ms"] == 2.0
+    assert last["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+        "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    assert last["timings"]["prompt_n"] == 3 and last["timings"]["cache_n"] == 0
+    assert last["timings"]["predicted_ms"] == 2.0
     assert last["preempt"] == {"parks": 0, "recomputes": 0}
 
 

@@ -48,7 +48,11 @@ def test_chat_stream_matches_the_unstreamed_answer_and_ends_with_usage(server: S
     assert text == whole["choices"][0]["message"]["content"]
     last = chunks[-1]
     assert last["choices"] == []
+    # the same prompt again: its full pages come from the prefix cache, the rest is computed
+    cached = whole["usage"].pop("prompt_tokens_details")["cached_tokens"]
+    assert last["usage"].pop("prompt_tokens_details") == {"cached_tokens": 0}
     assert last["usage"] == whole["usage"]
+    assert 0 < cached < whole["usage"]["prompt_tokens"] and cached % 16 == 0
     assert set(last["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms"}
     assert last["preempt"] == {"parks": 0, "recomputes": 0}
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]

@@ -56,8 +56,12 @@ def ids(n: int, base: int = 1000) -> list[int]:
 
 
 def flags(kv_cells: int, parallel: int, max_batch_tokens: int, *more: str) -> tuple[str, ...]:
+    """The scenarios' servers. Their prompts (``ids``) share prefixes and their layouts are in
+    cells held, so the prefix cache is off here: a hit would change who fits where. The cache
+    with parks has its own tests (tests/engine/test_prefix_cache_engine.py,
+    tests/server/test_prefix_cache_server.py)."""
     pool = ("--kv-cells", str(kv_cells), "--page-size", str(PAGE), "--parallel", str(parallel))
-    return (*pool, "--max-batch-tokens", str(max_batch_tokens), *more)
+    return (*pool, "--max-batch-tokens", str(max_batch_tokens), "--no-prefix-cache", *more)
 
 
 # --------------------------------------------------------------------------------- HTTP helpers

@@ -147,6 +147,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="copy swaps asynchronously where the device can",
     )
     p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep full pages after their last holder and start each prompt from its longest"
+        " cached prefix (docs/preemption.md)",
+    )
+    p.add_argument(
         "--exact",
         action="store_true",
         help="exact mode: outputs bit-identical whatever runs beside them",
@@ -274,7 +281,9 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             cuda_graphs=args.cuda_graphs,
             runner=args.runner,
         ),
-        pool=PoolConfig(kv_cells=args.kv_cells, page_size=args.page_size),
+        pool=PoolConfig(
+            kv_cells=args.kv_cells, page_size=args.page_size, prefix_cache=args.prefix_cache
+        ),
         scheduler=SchedulerConfig(
             parallel=args.parallel,
             max_batch_tokens=args.max_batch_tokens,

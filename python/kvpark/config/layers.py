@@ -54,6 +54,9 @@ class ModelConfig:
 class PoolConfig:
     kv_cells: int = DEFAULT_KV_CELLS
     page_size: int = DEFAULT_PAGE_SIZE
+    # full pages stay cached after their last holder and a new prompt starts from the longest
+    # cached prefix (--prefix-cache, docs/preemption.md)
+    prefix_cache: bool = True
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,7 @@ class AsyncEngine:
 
     def props(self) -> dict[str, object]:
         s = self.config.scheduler
+        cached = self.stats().kv_cells_cached
         return {
             "model": self.model_name if self.ready else None,
             "max_model_len": self.max_model_len if self.ready else None,
@@ -192,6 +193,13 @@ class AsyncEngine:
             # the CPU paths the built-in runner chose (docs/cpu-kernels.md); null on CUDA or
             # for a custom runner
             "cpu": self._cpu_paths(),
+            # full pages kept after their last holder, found again by later prompts
+            # (docs/preemption.md "Prefix cache"); counts as of the last step
+            "prefix_cache": {
+                "enabled": self.config.pool.prefix_cache,
+                "cells_cached": cached,
+                "pages_cached": cached // self.config.pool.page_size,
+            },
             "preempt": {
                 "enabled": s.preempt,
                 "ram_mib": s.preempt_ram_mib,

@@ -7,6 +7,7 @@ directly.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 
@@ -52,6 +53,27 @@ class RequestRejected(Exception):
         self.kind = kind
 
 
+def prefix_cache_salt(config: EngineConfig, model_name: str) -> int:
+    """The pool's prefix-cache salt: what besides the tokens decides a cell's K and V here (one
+    pool serves one model, so this guards against a page found under other arithmetic, never
+    between requests). Stable across runs: a digest, not ``hash()``."""
+    m = config.model
+    ident = repr(
+        (
+            model_name,
+            m.dtype,
+            m.weights,
+            m.prompt_path,
+            m.kv_dtype,
+            m.block_dot,
+            m.exact,
+            m.device,
+            m.runner,
+        )
+    )
+    return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "little")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
         """``runner``: a runner, or a factory called with ``config``; None: the one
@@ -63,7 +85,8 @@ class LLMEngine:
         self.vocab_size = self.runner.vocab_size
         limit = config.scheduler.max_model_len or self.runner.max_model_len
         self.max_model_len = min(limit, config.pool.kv_cells)
-        self.scheduler = Scheduler(config.pool, config.scheduler, self.max_model_len)
+        salt = prefix_cache_salt(config, self.model_name) if config.pool.prefix_cache else None
+        self.scheduler = Scheduler(config.pool, config.scheduler, self.max_model_len, salt)
         self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
         self.observations = Observations()
         self._requests: dict[str, Request] = {}
@@ -212,6 +235,7 @@ class LLMEngine:
         for item in plan.items:
             _, seq = self.scheduler.by_seq[item.seq_id]
             seq.num_computed = item.start + len(item.token_ids)
+        self.scheduler.register(plan)  # before a sequence that finishes below lets its cells go
         now = time.monotonic()
         for item, drawn in zip(sampled, draws, strict=True):
             req, seq = self.scheduler.by_seq[item.seq_id]
@@ -280,6 +304,7 @@ class LLMEngine:
             parks=req.parks,
             recomputes=req.recomputes,
             per_choice_tokens=per_choice,
+            cached_tokens=req.cached_tokens,
         )
         return event
 
@@ -300,6 +325,9 @@ class LLMEngine:
         self.stats.requests_running = len(self.scheduler.running)
         self.stats.requests_waiting = len(self.scheduler.waiting)
         self.stats.kv_cells_used = self.scheduler.pool.cells_used()
+        self.stats.kv_cells_cached = self.scheduler.pool.cells_cached()
+        self.stats.prefix_cache_queries_total = self.scheduler.cache.queries
+        self.stats.prefix_cache_hits_total = self.scheduler.cache.hits
         in_transfer = len(self.scheduler.transferring)  # parking or restoring: counted as parked
         self.stats.requests_preempted = len(self.scheduler.parked) + in_transfer
         if self.preemption is not None:

@@ -55,6 +55,7 @@ class FinishedEvent:
     parks: int = 0
     recomputes: int = 0
     per_choice_tokens: list[int] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not computed)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ def describe_slots(engine: LLMEngine) -> list[dict[str, object]]:
             "n_preempt": req.parks,
             "n_recompute": req.recomputes,
             "n_prompt_tokens": seq.prompt_len,
+            "n_cached_tokens": req.cached_tokens,  # of the prompt, from the prefix cache
             "n_cells": sched.pool.seq_len(seq_id) if sched.pool.has_sequence(seq_id) else 0,
             "n_decoded": seq.num_output,
             "request_id": req.request_id,
@@ -46,6 +47,7 @@ def _idle(slot: int) -> dict[str, object]:
         "n_preempt": 0,
         "n_recompute": 0,
         "n_prompt_tokens": 0,
+        "n_cached_tokens": 0,
         "n_cells": 0,
         "n_decoded": 0,
         "request_id": None,

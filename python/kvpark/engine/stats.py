@@ -24,7 +24,10 @@ class EngineStats:
     requests_waiting: int = 0
     requests_preempted: int = 0
     kv_cells_used: int = 0
+    kv_cells_cached: int = 0  # in cached pages: held by no sequence, found by later prompts
     kv_cells_total: int = 0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up at admission
+    prefix_cache_hits_total: int = 0  # of those, tokens the cache supplied
     prompt_tokens_total: int = 0
     generated_tokens_total: int = 0
     preemptions_total: dict[str, int] = field(default_factory=lambda: {"swap": 0, "recompute": 0})

@@ -161,6 +161,7 @@ class ParkMoves:
         mode = req.park.mode
         if req.state is RequestState.RESTORING:
             self.scheduler.land(req)
+        self.scheduler.register_restored(req)
         if mode == "swap":
             copy_s = time.perf_counter() - req.park.copy_started
             self.observations.add("transfer_duration_seconds", copy_s)

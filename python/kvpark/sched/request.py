@@ -87,6 +87,7 @@ class Request:
     prefill_done_time: float | None = None
     last_token_time: float | None = None
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied at admission
     park: ParkRecord = field(default_factory=lambda: ParkRecord())
 
     @property

@@ -23,6 +23,15 @@ CONTEXT_ERROR = "Context size has been exceeded."
 
 
 @dataclass
+class PrefixCacheCounts:
+    """Prompt tokens looked up in the prefix cache at admission, and those found (the
+    ``kvpark_prefix_cache_queries_total`` / ``_hits_total`` counters)."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+@dataclass
 class StepOutcome:
     """What scheduling decided besides the plan: requests that cannot continue."""
 
@@ -39,11 +48,21 @@ def rows_wanted(seq: Sequence, budget: int) -> int:
 
 class Scheduler:
     def __init__(
-        self, pool_config: PoolConfig, config: SchedulerConfig, max_model_len: int
+        self,
+        pool_config: PoolConfig,
+        config: SchedulerConfig,
+        max_model_len: int,
+        prefix_cache_salt: int | None = None,
     ) -> None:
+        """``prefix_cache_salt``: turn the pool's prefix cache on under this salt (it stands for
+        everything besides the tokens that changes a cell's K and V: the model, its arithmetic,
+        exact mode); None: off."""
         self.config = config
         self.max_model_len = max_model_len
-        self.pool = KvPool(pool_config.kv_cells, pool_config.page_size)
+        self.pool = KvPool(
+            pool_config.kv_cells, pool_config.page_size, prefix_cache_salt=prefix_cache_salt
+        )
+        self.cache = PrefixCacheCounts()
         self.page_size = pool_config.page_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # hold cells, in arrival order
@@ -169,15 +188,23 @@ class Scheduler:
             req = self.waiting[0]
             if req.params.n > self.free_slot_count - self._slots_promised():
                 return
-            rows = min(len(req.prompt_ids), budget)
-            if not self._admission_fits(rows):
+            # the last prompt token is always computed: its row gives the first draw
+            prompt, reusable = req.prompt_ids, len(req.prompt_ids) - 1
+            hit, _ = self.pool.cached_prefix(prompt, reusable)
+            rows = min(len(prompt) - hit, budget)
+            if not self._admission_fits(self.pool.cells_to_admit(prompt, reusable, hit + rows)):
                 if not self.running and not items:
                     self.waiting.popleft()
                     outcome.failed.append(req)  # cannot fit even an empty pool
                     continue
                 return
             self.waiting.popleft()
-            seq = self._new_sequence(req, index=0, tokens=list(req.prompt_ids))
+            seq = self._new_sequence(req, index=0, tokens=list(prompt))
+            seq.num_computed = req.cached_tokens = self.pool.match_prefix(
+                seq.seq_id, prompt, reusable
+            )
+            self.cache.queries += len(prompt)
+            self.cache.hits += seq.num_computed
             req.sequences = [seq]
             req.state = RequestState.RUNNING
             self.running.append(req)
@@ -217,10 +244,17 @@ class Scheduler:
         Raises PoolFullError (state unchanged) when its cells do not fit."""
         seq = req.sequences[0]
         self.pool.add_sequence(seq.seq_id)
+        if req.park.mode == "recompute":
+            # the replay starts after whatever prefix of its tokens is still cached
+            seq.num_computed = self.pool.match_prefix(seq.seq_id, seq.tokens, len(seq.tokens) - 1)
+            req.park.dropped = max(0, req.park.dropped - seq.num_computed)
         try:
             self.pool.reserve(seq.seq_id, seq.num_computed)
         except PoolFullError:
             self.pool.free_sequence(seq.seq_id)
+            if req.park.mode == "recompute":
+                req.park.dropped += seq.num_computed
+                seq.num_computed = 0
             raise
         self.land(req)
         return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed)
@@ -239,11 +273,26 @@ class Scheduler:
         self.running.sort(key=lambda r: r.key)
         req.state = RequestState.RUNNING
 
-    def _admission_fits(self, rows: int) -> bool:
+    def _admission_fits(self, cells: int) -> bool:
+        """Whether a new sequence taking ``cells`` free or cached cells fits now."""
         # keep a page of headroom for every decoding sequence, so admitting does not starve them
         decoding = sum(len(r.live_sequences) for r in self.running)
-        pages = -(-rows // self.page_size) + decoding
-        return self.pool.can_fit(pages * self.page_size)
+        return self.pool.can_fit(cells + decoding * self.page_size)
+
+    def register_restored(self, req: Request) -> None:
+        """A resumed request's cells are written (a swap's copy back has landed): their full
+        pages may be found again. A recompute's cached prefix is registered already."""
+        seq = req.sequences[0]
+        done = self.pool.registered_len(seq.seq_id)
+        self.pool.register_tokens(seq.seq_id, seq.tokens[done : seq.num_computed])
+
+    def register(self, plan: StepPlan) -> None:
+        """After a step has run: the cells its rows wrote hold K and V, so their full pages may be
+        found by later prompts (a no-op with the prefix cache off)."""
+        if self.pool.prefix_cache_salt is not None and plan.items:
+            self.pool.register_step(
+                [i.seq_id for i in plan.items], [i.token_ids for i in plan.items]
+            )
 
     def _reserve(self, seq: Sequence, rows: int) -> bool:
         try:

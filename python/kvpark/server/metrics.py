@@ -44,7 +44,10 @@ class StatsLike(Protocol):
     requests_waiting: int
     requests_preempted: int
     kv_cells_used: int
+    kv_cells_cached: int
     kv_cells_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
     prompt_tokens_total: int
     generated_tokens_total: int
     preemptions_total: dict[str, int]
@@ -80,6 +83,11 @@ class EngineCollector:
             s.requests_preempted,
         )
         yield _gauge("kv_cells_used", "KV cells held by sequences", s.kv_cells_used)
+        yield _gauge(
+            "kv_cells_cached",
+            "KV cells in cached pages: held by no sequence, kept for later prompts",
+            s.kv_cells_cached,
+        )
         yield _gauge("kv_cells_total", "KV cells in the pool", s.kv_cells_total)
         ratio = s.kv_cells_used / s.kv_cells_total if s.kv_cells_total else 0.0
         yield _gauge("kv_usage_ratio", "Fraction of the KV pool in use", ratio)
@@ -90,6 +98,16 @@ class EngineCollector:
             "prompt_tokens", "Prompt tokens processed (replays excluded)", s.prompt_tokens_total
         )
         yield _counter("generation_tokens", "Tokens generated", s.generated_tokens_total)
+        yield _counter(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache at admission",
+            s.prefix_cache_queries_total,
+        )
+        yield _counter(
+            "prefix_cache_hits",
+            "Prompt tokens the prefix cache supplied at admission",
+            s.prefix_cache_hits_total,
+        )
         parks = CounterMetricFamily(
             "kvpark_preemptions", "Requests parked, by mode", labels=["mode"]
         )

@@ -42,15 +42,20 @@ class Tally:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            # OpenAI's field: prompt tokens whose K and V came from the prefix cache
+            "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in self.finished)},
         }
 
     def timings(self) -> JSON:
-        # Prompts run side by side: counts add up, times are the longest.
-        prompt_n = sum(f.prompt_tokens for f in self.finished)
+        # Prompts run side by side: counts add up, times are the longest. As llama.cpp's server:
+        # prompt_n counts the prompt tokens computed, cache_n those the prefix cache supplied.
+        cache_n = sum(f.cached_tokens for f in self.finished)
+        prompt_n = sum(f.prompt_tokens for f in self.finished) - cache_n
         predicted_n = sum(f.completion_tokens for f in self.finished)
         prompt_ms = max((f.prompt_ms for f in self.finished), default=0.0)
         predicted_ms = max((f.predicted_ms for f in self.finished), default=0.0)
         return {
+            "cache_n": cache_n,
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
             "prompt_per_second": _rate(prompt_n, prompt_ms),
