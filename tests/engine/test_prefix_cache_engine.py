@@ -181,3 +181,27 @@ def test_cached_pages_are_evicted_before_anyone_parks(monkeypatch: pytest.Monkey
         assert 0 < engine.scheduler.pool.cells_cached() <= 512
     assert sum(engine.stats.preemptions_total.values()) == 0
     engine.scheduler.pool.check_integrity()
+
+
+def test_a_swap_resume_copies_back_only_what_is_not_cached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forced swap parks every 4 tokens: each resume takes its own full pages, still cached, by
+    hash and the copy back writes only the cells after them; the tokens are those of a run
+    without parks."""
+    plain = run(make(monkeypatch).engine, [("probe", PROBE, GREEDY)])["probe"]
+    llm = make(monkeypatch, every=4)
+    runner = llm.engine.runner
+    restores: list[tuple[int, int]] = []
+    restore = runner.restore_cells
+
+    def recorded(src: torch.Tensor, cells: list[int], first: int = 0) -> None:
+        restores.append((len(cells), first))
+        restore(src, cells, first)  # type: ignore[call-arg]
+
+    monkeypatch.setattr(runner, "restore_cells", recorded)
+    parked = run(llm.engine, [("probe", PROBE, GREEDY)])["probe"]
+    assert llm.engine.stats.preemptions_total["swap"] >= 2
+    assert restores and all(0 < first <= n and first % PAGE == 0 for n, first in restores)
+    assert all(n - first < PAGE for n, first in restores)  # at most the partly used tail page
+    assert [t.token_id for t in parked] == [t.token_id for t in plain]

@@ -4,6 +4,7 @@ only after some polls, and the check that an engine left nothing behind."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -68,8 +69,10 @@ class PolledTransfers:
     def save(self, cells: list[int], out: torch.Tensor) -> Transfer:
         return self._issue("save", lambda: self.copier.save_cells(cells, out))
 
-    def restore(self, src: torch.Tensor, cells: list[int]) -> Transfer:
-        return self._issue("restore", lambda: self.copier.restore_cells(src, cells))
+    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
+        # cells before ``first``: a resume's cached prefix, which the copy leaves alone
+        copier: Any = self.copier
+        return self._issue("restore", lambda: copier.restore_cells(src, cells, first=first))
 
     def _issue(self, kind: str, copy: Callable[[], None]) -> PendingCopy:
         pending = PendingCopy(self.polls, copy, self._record)

@@ -56,7 +56,9 @@ class RequestBody:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if self.endpoint == "chat":
+        if spec.messages is not None:
+            body["messages"] = list(spec.messages)
+        elif self.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": spec.prompt}]
         else:
             body["prompt"] = spec.prompt
@@ -83,6 +85,10 @@ class RequestResult:
     notices: list[tuple[float, str]] = field(default_factory=list)  # (time, comment text)
     pings: int = 0
     error: str | None = None
+    text: list[str] = field(default_factory=list)  # the content chunks, in order
+    # prompt tokens the server's prefix cache supplied: usage.prompt_tokens_details.cached_tokens
+    # (OpenAI's field) or timings.cache_n (llama.cpp's)
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -135,14 +141,20 @@ def _absorb(result: RequestResult, chunk: dict[str, Any], now: float) -> None:
     if text or (text == "" and result.chunks and finish is None):
         result.chunks += 1
         result.token_s.append(now)
+        result.text.append(text or "")
     if finish:
         result.finish_reason = str(finish)
     usage = chunk.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         result.usage_tokens = usage["completion_tokens"]
         result.prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            result.cached_tokens = details["cached_tokens"]
     if isinstance(chunk.get("timings"), dict):
         result.timings = chunk["timings"]
+        if result.cached_tokens is None and isinstance(chunk["timings"].get("cache_n"), int):
+            result.cached_tokens = chunk["timings"]["cache_n"]
     if isinstance(chunk.get("preempt"), dict):
         result.preempt = chunk["preempt"]
 

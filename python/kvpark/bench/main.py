@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens", type=int, help="fixed output length (default 128; pressure: 300)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=6, help="multiturn: turns per conversation")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--warmup", type=int, default=1, help="uncounted short requests first")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
@@ -149,6 +150,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
         extra_body=args.extra_body,
+        turns=args.turns,
     )
 
 

@@ -7,6 +7,10 @@ add it to ``SCENARIOS``.
 
 - ``sweep``: for each concurrency in ``options.concurrency``, a closed (or Poisson) level of seeded
   chats of a fixed output length.
+- ``multiturn``: for each N in ``options.concurrency``, N seeded conversations of
+  ``options.turns`` turns, each turn the history (a system prompt shared by all, the earlier turns
+  with the server's own answers) plus a new user message; TTFT and prompt tokens computed per
+  turn (``multiturn.py``).
 - ``pressure``: the headline workload (SPEC §7): for each N in ``options.concurrency``, N chats sent
   at once, meant for a server whose pool holds each of them alone but not all together; it adds
   context errors, parks by mode (from ``/metrics``) and the ``preempt`` records (``pressure.py``).
@@ -23,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvpark.bench.client import RequestBody, Target, run_level
+from kvpark.bench.multiturn import multiturn
 from kvpark.bench.pressure import fit_check, summarize_pressure
 from kvpark.bench.report import RunResult, request_record, summarize_level
 from kvpark.bench.scrape import fetch_props, metrics_delta, scrape_metrics
@@ -35,6 +40,8 @@ MAX_REQUESTS_PER_LEVEL = 256
 SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
     "sweep": {"concurrency": (1, 4, 8, 16), "prompt_tokens": 64, "max_tokens": 128},
     "pressure": {"concurrency": (4, 8), "prompt_tokens": 350, "max_tokens": 300},
+    # multiturn: 8 conversations, a ~300-token system prompt shared by all, 32 tokens a turn
+    "multiturn": {"concurrency": (8,), "prompt_tokens": 300, "max_tokens": 32},
 }
 
 
@@ -55,6 +62,7 @@ class BenchOptions:
     temperature: float = 0.0
     ignore_eos: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
+    turns: int = 6  # multiturn: turns per conversation
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
@@ -68,6 +76,8 @@ class BenchOptions:
             raise ValueError("timeout must be positive")
         if not 0 <= self.warmup <= 8:
             raise ValueError("warmup must be within 0..8")
+        if not 1 <= self.turns <= 64:
+            raise ValueError("turns must be within 1..64")
 
     def requests_for(self, concurrency: int) -> int:
         fixed = self.requests_per_level
@@ -201,4 +211,4 @@ async def pressure(target: Target, options: BenchOptions) -> RunResult:
     return run
 
 
-SCENARIOS: dict[str, Scenario] = {"sweep": sweep, "pressure": pressure}
+SCENARIOS: dict[str, Scenario] = {"sweep": sweep, "pressure": pressure, "multiturn": multiturn}

@@ -74,6 +74,8 @@ class RequestSpec:
     prompt: str
     max_tokens: int
     arrival_s: float  # seconds after the level starts at which the request may be sent
+    # a whole conversation to send instead of ``prompt`` as one user message (multiturn)
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 def prompt_text(seed: int, index: int, words: int, tag: str = "") -> str:

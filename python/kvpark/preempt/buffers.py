@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from kvpark.preempt.copies import SyncTransfers, Transfer, Transfers
+from kvpark.preempt.copies import SyncTransfers, Transfer, Transfers, restores_from_cell
 
 log = logging.getLogger("kvpark.preempt.buffers")
 
@@ -69,6 +69,8 @@ class Parking:
         # public so that tests can put in a fake whose copies land after a few polls
         self.transfers: Transfers = transfers if transfers is not None else self._sync
         self._copies: dict[int, Transfer] = {}  # slot -> its copy in flight
+        # whether a resume may leave its cached prefix alone and copy back only the rest
+        self.restores_from_cell = restores_from_cell(copier)
         self._pageable: set[int] = set()  # slots that got pageable memory: synchronous for good
 
     @property
@@ -137,12 +139,17 @@ class Parking:
             self._start(slot, buf, lambda mover: mover.save(cells, buf))
         return SwapState(slot, len(cells), need)
 
-    def swap_in(self, slot: int, cells: list[int]) -> None:
-        """Copy the slot's swapped state back into ``cells`` (fresh, in logical order)."""
+    def swap_in(self, slot: int, cells: list[int], first: int = 0) -> None:
+        """Copy the slot's swapped state back into ``cells`` (fresh, in logical order); with
+        ``first`` (only where ``restores_from_cell``), just its cells ``first..``: the ones
+        before are cached pages the resume took by hash."""
         buf = self._buffers[slot]
         assert buf is not None, "a parked slot keeps its buffer"
-        if cells:
-            self._start(slot, buf, lambda mover: mover.restore(buf, cells))
+        assert first == 0 or self.restores_from_cell, "this runner restores whole states only"
+        if cells[first:]:
+            # a whole state through the two-argument call every Transfers has
+            restore = (lambda m: m.restore(buf, cells, first)) if first else None
+            self._start(slot, buf, restore or (lambda m: m.restore(buf, cells)))
 
     def _start(self, slot: int, buf: torch.Tensor, copy: Callable[[Transfers], Transfer]) -> None:
         assert slot not in self._copies, "one copy in flight per slot"

@@ -25,6 +25,7 @@ dtype, layer l's K at row 2l and its V at row 2l + 1, cells in logical order.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -82,7 +83,10 @@ class Transfers(Protocol):
 
     def save(self, cells: list[int], out: torch.Tensor) -> Transfer: ...
 
-    def restore(self, src: torch.Tensor, cells: list[int]) -> Transfer: ...
+    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
+        """Copy the saved state's cells ``first..`` into ``cells[first:]`` (``first`` > 0 only
+        where the runner's ``restore_cells`` takes it: ``restores_from_cell``)."""
+        ...
 
 
 class SyncTransfers:
@@ -103,8 +107,11 @@ class SyncTransfers:
         self._copier.save_cells(cells, out)
         return LANDED
 
-    def restore(self, src: torch.Tensor, cells: list[int]) -> Transfer:
-        self._copier.restore_cells(src, cells)
+    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
+        if first:
+            self._copier.restore_cells(src, cells, first=first)  # type: ignore[call-arg]
+        else:
+            self._copier.restore_cells(src, cells)
         return LANDED
 
 
@@ -171,13 +178,14 @@ class CudaTransfers:
         return CudaTransfer(event)
 
     @torch.inference_mode()
-    def restore(self, src: torch.Tensor, cells: list[int]) -> Transfer:
+    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
         if not src.is_pinned():
-            return self._sync.restore(src, cells)
+            return self._sync.restore(src, cells, first)
         compute = torch.cuda.current_stream(self._device)
         with torch.cuda.stream(self._stream):
-            idx = self._index(cells)
-            states = self._kv.cell_view(src, len(cells)).to(self._device, non_blocking=True)
+            idx = self._index(cells[first:])
+            states = self._kv.cell_view(src, len(cells))[:, first:]
+            states = states.to(self._device, non_blocking=True)
             # fresh cells: a step still queued may read them for the sequence that just left
             self._stream.wait_stream(compute)
             self._kv.scatter_cells(idx, states)
@@ -214,3 +222,16 @@ def make_transfers(copier: CellCopier, want_async: bool) -> Transfers:
         return SyncTransfers(copier)
     log.info("preemption: parking and resuming asynchronously through pinned host memory")
     return CudaTransfers(copier, kv)
+
+
+def restores_from_cell(copier: object) -> bool:
+    """Whether the runner's ``restore_cells`` takes ``first`` (write only a state's cells from
+    ``first`` on): then a swap resume takes its pages still in the prefix cache by hash and copies
+    back only the rest. The built-in runners do; a custom runner may (docs/custom-runners.md)."""
+    restore = getattr(copier, "restore_cells", None)
+    if restore is None:
+        return False
+    try:
+        return "first" in inspect.signature(restore).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False

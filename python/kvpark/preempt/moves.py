@@ -138,18 +138,19 @@ class ParkMoves:
     def resume(self, req: Request, events: Events, now: float) -> None:
         seq = req.sequences[0]
         req.park.copy_started = time.perf_counter()
+        reuse = self.parking.restores_from_cell
         try:
-            cells = self.scheduler.resume(req)
+            cells, cached = self.scheduler.resume(req, reuse)
         except PoolFullError:  # a park still copying holds the room this resume was planned into
             self.land(events, wait_parks=True)
             try:
-                cells = self.scheduler.resume(req)
+                cells, cached = self.scheduler.resume(req, reuse)
             except PoolFullError:
                 log.warning("request %s stays parked: its cells do not fit", req.request_id)
                 return
         if req.park.mode == "swap":
             slot = self.scheduler.slot_of[seq.seq_id]
-            self.parking.swap_in(slot, cells)
+            self.parking.swap_in(slot, cells, cached)  # its cached prefix is not copied
             if self.parking.in_flight(slot):  # ": resumed" goes out when the copy lands
                 self.scheduler.hold(req, RequestState.RESTORING)
                 return

@@ -260,6 +260,7 @@ class TorchRunner:
         """Copy the K and V of ``cells`` (every layer) into ``out`` (the KV cache's layout)."""
         self.kv.save_cells(cells, out)
 
-    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None:
-        """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones)."""
-        self.kv.restore_cells(src, cells)
+    def restore_cells(self, src: torch.Tensor, cells: list[int], first: int = 0) -> None:
+        """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones); with
+        ``first``, only cells ``first..`` of it (a swap resume's cached prefix stays as it is)."""
+        self.kv.restore_cells(src, cells, first)

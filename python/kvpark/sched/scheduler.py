@@ -238,12 +238,18 @@ class Scheduler:
         self.parked.append(req)
         req.state = RequestState.PARKED
 
-    def resume(self, req: Request) -> list[int]:
-        """Put a parked request back into fresh pages; returns the cells a swap restores into.
+    def resume(self, req: Request, take_cached: bool = False) -> tuple[list[int], int]:
+        """Put a parked request back into fresh pages; returns the cells a swap restores into and
+        how many of them, from the first, are cached pages it took by hash instead (only with
+        ``take_cached``: the runner can restore a state from a later cell).
 
         Raises PoolFullError (state unchanged) when its cells do not fit."""
         seq = req.sequences[0]
         self.pool.add_sequence(seq.seq_id)
+        hit = 0
+        if req.park.mode == "swap" and take_cached:
+            n = seq.num_computed
+            hit = self.pool.match_prefix(seq.seq_id, seq.tokens[:n], n)
         if req.park.mode == "recompute":
             # the replay starts after whatever prefix of its tokens is still cached
             seq.num_computed = self.pool.match_prefix(seq.seq_id, seq.tokens, len(seq.tokens) - 1)
@@ -257,7 +263,7 @@ class Scheduler:
                 seq.num_computed = 0
             raise
         self.land(req)
-        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed)
+        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed), hit
 
     def hold(self, req: Request, state: RequestState) -> None:
         """Take a running request out of the steps while a copy of its cells is in flight

@@ -104,11 +104,13 @@ class KVCache:
         self.cell_view(out, len(cells)).copy_(self.gather_cells(idx))
 
     @torch.inference_mode()
-    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None:
-        """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones)."""
+    def restore_cells(self, src: torch.Tensor, cells: list[int], first: int = 0) -> None:
+        """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones); with
+        ``first``, only its cells ``first..`` into ``cells[first:]`` (the ones before are cached
+        pages the resume took by hash)."""
         device = self.k[0].device
-        idx = torch.tensor(cells, dtype=torch.int64, device=device)
-        self.scatter_cells(idx, self.cell_view(src, len(cells)).to(device))
+        idx = torch.tensor(cells[first:], dtype=torch.int64, device=device)
+        self.scatter_cells(idx, self.cell_view(src, len(cells))[:, first:].to(device))
 
 
 def store_kv(
