@@ -52,6 +52,9 @@ def plan_for(items: list[StepItem]) -> StepPlan:
 def runner(cls: type[TorchRunner], required: bool = False, **options: object) -> TorchRunner:
     torch.set_num_threads(1)
     options.setdefault("weights", "blocks")
+    # the decoder's own arithmetic on every row: the parity prompts prefilled together hold 64
+    # rows and more, which the default prompt path would send to the dense GEMM
+    options.setdefault("prompt_path", "same")
     config = ModelConfig(threads=1, **options)  # type: ignore[arg-type]
     pool = PoolConfig(kv_cells=2048, page_size=PAGE)
     return (

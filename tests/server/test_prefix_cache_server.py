@@ -93,3 +93,30 @@ def test_the_off_switch_computes_every_prompt_token(server_off: Server) -> None:
     assert server_off.metric("kvpark_kv_cells_cached") == 0
     props = httpx.get(f"{server_off.base_url}/props").json()["prefix_cache"]
     assert props == {"enabled": False, "cells_cached": 0, "pages_cached": 0}
+
+
+@pytest.fixture(scope="module")
+def exact_server() -> Iterator[Server]:
+    yield from serve_for_module("--exact", "--max-batch-tokens", "40")
+
+
+def test_exact_mode_gives_a_warm_request_the_bits_of_a_cold_one(exact_server: Server) -> None:
+    """On a fresh ``--exact`` server the first request runs cold; after another request with the
+    same system prompt, the same request again finds its prefix cached, in chunks of 40 rows,
+    and its logprobs are the same floats."""
+    question = [SYSTEM, {"role": "user", "content": "Which drill for concrete?"}]
+    body = {"messages": question, "max_tokens": 10, "temperature": 0, "logprobs": True}
+
+    def ask() -> dict[str, Any]:
+        out: dict[str, Any] = httpx.post(
+            f"{exact_server.base_url}/v1/chat/completions", json=body, timeout=120
+        ).json()
+        return out
+
+    cold = ask()
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    raw_chat(exact_server, [SYSTEM, {"role": "user", "content": "Do you sell hammers?"}])
+    warm = ask()
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= PAGE * 4
+    lp = [[t["logprob"] for t in r["choices"][0]["logprobs"]["content"]] for r in (cold, warm)]
+    assert lp[0] == lp[1] and len(lp[0]) == 10

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -26,15 +25,27 @@ class StepTensors:
     positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
     logit_rows: torch.Tensor  # [S] int64: the rows whose logits are drawn from
-    # whether the step holds a prompt chunk (an item of >= prompt_min_rows rows): then its
-    # rows take the dense prompt path (cpu_paths.py)
+    # whether the step holds prompt chunks (items of more than one row) of >= prompt_min_rows
+    # rows in all: then its rows take the dense prompt path (cpu_paths.py)
     prompt_chunk: bool = False
+
+
+def takes_prompt_path(plan: StepPlan, prompt_min_rows: int | None) -> bool:
+    """Whether a step goes through the dense prompt GEMM: its prompt (or replay) rows, summed
+    over its items of more than one row, are at least ``prompt_min_rows``. Summed, because a
+    GEMM's speed follows the rows it multiplies at once: eight conversations' next turns of 30
+    rows each are one 240-row product, as fast dense as one 240-row chunk. Decode rows (items of
+    one row) never count: a step of decodes alone stays on the blocks."""
+    if prompt_min_rows is None:
+        return False
+    rows = sum(len(item.token_ids) for item in plan.items if len(item.token_ids) > 1)
+    return rows >= prompt_min_rows
 
 
 def build_step_tensors(
     plan: StepPlan, page_size: int, device: torch.device, prompt_min_rows: int | None = None
 ) -> StepTensors:
-    """``prompt_min_rows``: items of at least that many rows are prompt chunks (cpu_paths.py)."""
+    """``prompt_min_rows``: see :func:`takes_prompt_path` (cpu_paths.py)."""
     tokens: list[int] = []
     positions: list[int] = []
     query_start = [0]
@@ -62,13 +73,12 @@ def build_step_tensors(
         cell_index=cell_index.to(device),
         max_query_len=max(query_start[i + 1] - query_start[i] for i in range(len(plan.items))),
     )
-    longest = max(b - a for a, b in itertools.pairwise(query_start))
     return StepTensors(
         token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         meta=meta,
         logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device),
-        prompt_chunk=prompt_min_rows is not None and longest >= prompt_min_rows,
+        prompt_chunk=takes_prompt_path(plan, prompt_min_rows),
     )
 
 

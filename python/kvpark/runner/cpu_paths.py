@@ -18,8 +18,9 @@ arithmetic), which fails the greedy rule below. ``--kv-dtype auto``
 is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
 bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
-A prompt chunk is an item of at least ``PROMPT_MIN_ROWS`` rows: below that the block kernels
-are as fast (measured on AVX2). A step that holds one runs all its rows dense, the decode rows
+A step takes the dense path when its prompt chunks (items of more than one row) hold at least
+``PROMPT_MIN_ROWS`` rows in all (``batch.takes_prompt_path``): below that the block kernels are
+as fast (measured on AVX2). Such a step runs all its rows dense, the decode rows
 beside it too (ops/prompt_linear.py says why); every other step is blocks alone. Exact mode keeps
 prompt and decode rows on one arithmetic (a recompute replay must give the bits the first pass
 gave).

@@ -10,9 +10,9 @@ mode rides it too, prompt rows included (each row attends as its own entry).
 
 Which steps run where (docs/cpu-kernels.md):
 
-- a step holding a prompt chunk in normal mode (an item of at least ``prompt_min_rows`` rows,
-  where ``--prompt-path`` gives a dense GEMM) runs through the torch model, which is faster
-  for wide row counts;
+- a step holding prompt chunks in normal mode (at least ``prompt_min_rows`` rows in its items
+  of more than one row, ``batch.takes_prompt_path``, where ``--prompt-path`` gives a dense
+  GEMM) runs through the torch model, which is faster for wide row counts;
 - every other step, and in exact mode every step, runs in Rust.
 
 The decoder needs block weights for every layer matrix, the head and the token embedding, and
@@ -33,6 +33,7 @@ import kvpark._core as _core
 from kvpark.config.layers import ModelConfig, PoolConfig
 from kvpark.model.llama import Block, LlamaModel
 from kvpark.model.ops import BlockWeight
+from kvpark.runner.batch import takes_prompt_path
 from kvpark.runner.torch_runner import TorchRunner
 from kvpark.sched.plan import StepPlan
 
@@ -156,9 +157,7 @@ class NativeCpuRunner(TorchRunner):
     # ---------------------------------------------------------------- one step
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        longest = max((len(item.token_ids) for item in plan.items), default=0)
-        wide = self.prompt_min_rows is not None and longest >= self.prompt_min_rows
-        if self.decoder is None or wide:
+        if self.decoder is None or takes_prompt_path(plan, self.prompt_min_rows):
             return super().execute(plan)  # the torch model: its dense prompt GEMM
         if plan.page_copies:
             self.kv.copy_pages(plan.page_copies)
