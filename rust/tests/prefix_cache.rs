@@ -91,6 +91,17 @@ struct Shadow {
 }
 
 impl Shadow {
+    /// A pool of `n_pages` pages of `ps` cells with nothing computed.
+    fn empty(ps: usize, n_pages: usize) -> Self {
+        Self {
+            ps,
+            cells: vec![None; ps * n_pages],
+            seqs: BTreeMap::new(),
+            cached_at: BTreeMap::new(),
+            clock: 0,
+        }
+    }
+
     fn write(&mut self, pool: &KvPool, seq: SeqId, from: usize) {
         let s = &self.seqs[&seq];
         for (i, slot) in pool
@@ -342,13 +353,7 @@ proptest! {
     #[test]
     fn random_operations_keep_every_cache_invariant((ps, n_pages, ops) in scenario()) {
         let mut pool = KvPool::with_prefix_cache(ps * n_pages, ps, 99).unwrap();
-        let mut shadow = Shadow {
-            ps,
-            cells: vec![None; ps * n_pages],
-            seqs: BTreeMap::new(),
-            cached_at: BTreeMap::new(),
-            clock: 0,
-        };
+        let mut shadow = Shadow::empty(ps, n_pages);
         for op in &ops {
             let released = apply(&mut pool, &mut shadow, op)?;
             update_times(&pool, &mut shadow, &released);
@@ -362,13 +367,7 @@ proptest! {
     fn with_the_cache_off_allocation_is_the_plain_lifo_free_list((ps, n_pages, ops) in scenario()) {
         let mut pool = KvPool::new(ps * n_pages, ps).unwrap();
         let mut free: Vec<PageId> = (0..n_pages as PageId).rev().collect();
-        let mut shadow = Shadow {
-            ps,
-            cells: vec![None; ps * n_pages],
-            seqs: BTreeMap::new(),
-            cached_at: BTreeMap::new(),
-            clock: 0,
-        };
+        let mut shadow = Shadow::empty(ps, n_pages);
         for op in &ops {
             let before = pool.clone();
             let released = apply(&mut pool, &mut shadow, op)?;

@@ -51,6 +51,10 @@ def test_the_rule_on_each_cpu_family(
     exact = choose(features, exact=True)
     assert exact.blocks == blocks and exact.prompt_dtype is None  # one arithmetic
     assert choose(features, prompt_path="same").prompt_dtype is None  # the off switch
+    assert choose(features, block_dot="int8").prompt_dtype is None  # int8 rows everywhere
+    assert choose(features, block_dot="int8", prompt_path="float32").prompt_dtype == (
+        "float32" if blocks else None
+    )
     assert paths.kv_dtype == "bfloat16"  # 16-bit cells wherever greedy tokens hold (below)
     assert choose(features, kv_dtype="float32").kv_dtype == "float32"
     shown = paths.describe()

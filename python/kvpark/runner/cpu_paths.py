@@ -14,7 +14,8 @@ plain (no AVX2)        dense float32     dense float32                     dense
 
 Block products multiply float32 activations by each block expanded to float32 (``--block-dot
 auto``: float32); ``int8`` rounds the activations to int8 per block of 32 (llama.cpp's
-arithmetic), which fails the greedy rule below. ``--kv-dtype auto``
+arithmetic), which fails the greedy rule below, and keeps prompt chunks on the blocks too
+(``--prompt-path auto``), so that every row has llama.cpp's arithmetic. ``--kv-dtype auto``
 is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
 bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
@@ -118,12 +119,22 @@ def choose(
             f"--prompt-path {prompt_path} with --exact: exact mode keeps prompt and decode rows "
             "on one arithmetic"
         )
+    if block_dot not in BLOCK_DOTS:
+        raise ValueError(f"unknown block dot {block_dot!r}; use {', '.join(BLOCK_DOTS)}")
+    if block_dot == "auto":
+        block_dot = AUTO_BLOCK_DOT
     prompt: str | None
     if not blocks or exact or prompt_path == "same":
         # dense weights already are the dense path; exact mode keeps one arithmetic
         prompt = None
     elif prompt_path == "auto":
-        prompt = "bfloat16" if native_bf16 else "float32"
+        # int8 blocks keep prompts on the blocks too: llama.cpp's arithmetic for every row (a
+        # float32 prompt under int8 decode rows parts from llama.cpp's logprobs by up to 0.7
+        # nats, tests/model/test_llamacpp_greedy.py), as fast as the float32 GEMM on AVX2 here
+        if block_dot == "int8":
+            prompt = None
+        else:
+            prompt = "bfloat16" if native_bf16 else "float32"
     else:
         prompt = prompt_path
     if kv_dtype not in KV_DTYPE_NAMES:
@@ -135,10 +146,6 @@ def choose(
         # shift) is as fast as F16C's, faster without it, and it has float32's range, where f16
         # overflows past 65504 (docs/cpu-kernels.md). A float16 model keeps float16 cells.
         kv_dtype = "float16" if dtype == "float16" else "bfloat16"
-    if block_dot not in BLOCK_DOTS:
-        raise ValueError(f"unknown block dot {block_dot!r}; use {', '.join(BLOCK_DOTS)}")
-    if block_dot == "auto":
-        block_dot = AUTO_BLOCK_DOT
     return CpuPaths(
         isa=isa,
         dtype=dtype,
