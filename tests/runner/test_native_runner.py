@@ -4,10 +4,10 @@ runner it is built on, on the real default model.
 With float32 activations (``--block-dot float32``) it must keep the torch runner's greedy tokens
 on the parity prompts and be no further from it than
 the torch runner's own block path is from its dense float32 path (two orders of the same float32
-sums, measured in the same run). With its defaults (int8 activations; llama.cpp's greedy tokens
-are tests/model/test_llamacpp_greedy.py's) it must give a row the same bits whatever shares its
-step and however its prompt is chunked, give the plain path's bits on every instruction set this
-CPU runs, and hand the steps it cannot run to torch.
+sums, measured in the same run). With either block dot (``--block-dot int8``'s agreement with
+llama.cpp's greedy tokens is tests/model/test_llamacpp_greedy.py's) it must give a row the same
+bits whatever shares its step and however its prompt is chunked, give the plain path's bits on
+every instruction set this CPU runs, and hand the steps it cannot run to torch.
 """
 
 from __future__ import annotations
