@@ -95,7 +95,7 @@ def summarize(n: int, wall_s: float, turns: int, results: list[RequestResult]) -
     return {
         "conversations": n,
         "turns": turns,
-        "completed": sum(1 for r in ok) == n * turns,
+        "completed": len(ok) == n * turns,
         "errors": len(results) - len(ok) + (n * turns - len(results)),
         "wall_s": wall_s,
         "ttft_p50_turns_3_on_s": statistics.median(late) if late else None,

@@ -146,10 +146,12 @@ class Parking:
         buf = self._buffers[slot]
         assert buf is not None, "a parked slot keeps its buffer"
         assert first == 0 or self.restores_from_cell, "this runner restores whole states only"
-        if cells[first:]:
-            # a whole state through the two-argument call every Transfers has
-            restore = (lambda m: m.restore(buf, cells, first)) if first else None
-            self._start(slot, buf, restore or (lambda m: m.restore(buf, cells)))
+        if not cells[first:]:
+            return
+        if first:
+            self._start(slot, buf, lambda m: m.restore(buf, cells, first))
+        else:  # a whole state through the two-argument call every Transfers has
+            self._start(slot, buf, lambda m: m.restore(buf, cells))
 
     def _start(self, slot: int, buf: torch.Tensor, copy: Callable[[Transfers], Transfer]) -> None:
         assert slot not in self._copies, "one copy in flight per slot"

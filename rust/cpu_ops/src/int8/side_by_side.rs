@@ -167,27 +167,12 @@ unsafe fn transpose(w: Q4Weights<'_>, c0: usize, blocks: usize, g: *mut Group) {
                 .add(4 + i)
                 .write(_mm256_and_si256(_mm256_srli_epi16::<4>(*t), mask));
         }
-        let at = |c: usize| (c0 + c) * blocks + b;
-        let (scale, offset) = (w.scale.as_ptr(), w.offset.as_ptr());
-        std::ptr::addr_of_mut!((*g).scale[b]).write(_mm256_setr_ps(
-            *scale.add(at(0)),
-            *scale.add(at(1)),
-            *scale.add(at(2)),
-            *scale.add(at(3)),
-            *scale.add(at(4)),
-            *scale.add(at(5)),
-            *scale.add(at(6)),
-            *scale.add(at(7)),
-        ));
-        std::ptr::addr_of_mut!((*g).offset[b]).write(_mm256_setr_ps(
-            *offset.add(at(0)),
-            *offset.add(at(1)),
-            *offset.add(at(2)),
-            *offset.add(at(3)),
-            *offset.add(at(4)),
-            *offset.add(at(5)),
-            *offset.add(at(6)),
-            *offset.add(at(7)),
-        ));
+        // the eight columns' values of block b: one strided load each
+        let lanes = |p: *const f32| {
+            let at = |c: usize| *p.add((c0 + c) * blocks + b);
+            _mm256_setr_ps(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
+        };
+        std::ptr::addr_of_mut!((*g).scale[b]).write(lanes(w.scale.as_ptr()));
+        std::ptr::addr_of_mut!((*g).offset[b]).write(lanes(w.offset.as_ptr()));
     }
 }
