@@ -218,7 +218,8 @@ def test_cli_sweep_against_fake_server_writes_outputs(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_bad_flags() -> None:
-    for argv in (["--concurrency", "0"], ["--url", "ftp://x"], ["--label", "a", "--label", "b"]):
+    bad = (["--concurrency", "0"], ["--url", "ftp://x"], ["--label", "a", "--label", "b"])
+    for argv in (*bad, ["--scenario", "multiturn", "--turns", "0"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2

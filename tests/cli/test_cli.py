@@ -84,7 +84,9 @@ def test_env_mirrors_every_flag_and_the_command_line_wins(monkeypatch: pytest.Mo
     monkeypatch.setenv("KVPARK_NO_PREEMPT", "1")
     monkeypatch.setenv("KVPARK_PREEMPT_ASYNC", "false")
     monkeypatch.setenv("KVPARK_EXACT", "yes")
+    monkeypatch.setenv("KVPARK_PREFIX_CACHE", "0")
     engine, server = parse(["serve", "--port", "9200"])
+    assert engine.pool.prefix_cache is False  # type: ignore[attr-defined]
     assert engine.pool.kv_cells == 1024  # type: ignore[attr-defined]
     assert engine.scheduler.preempt is False  # type: ignore[attr-defined]
     assert engine.scheduler.preempt_async is False  # type: ignore[attr-defined]
@@ -160,7 +162,8 @@ def test_bad_flags_exit_2_with_a_clear_message(
 def test_bad_env_values_exit_2_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for name, value in (("KVPARK_KV_CELLS", "lots"), ("KVPARK_EXACT", "maybe")):
+    bad = (("KVPARK_KV_CELLS", "lots"), ("KVPARK_EXACT", "maybe"), ("KVPARK_PREFIX_CACHE", "maybe"))
+    for name, value in bad:
         with monkeypatch.context() as m:
             m.setenv(name, value)
             code, err = exit_code_and_error(["serve"], capsys)

@@ -113,8 +113,10 @@ def test_normal_mode_hits_can_move_low_bits_but_keep_greedy_tokens(
     dense prompt path; warm, its prefix comes from the cache and its last rows are too few for
     that path, so they take the block kernels: the logprobs' bits differ (so the exact test above
     would see such a change), the greedy tokens do not."""
-    cold = run(make(monkeypatch).engine, [("probe", PROBE, GREEDY)])["probe"]
-    llm = make(monkeypatch)
+    # float32 dense prompts on every machine (auto is bfloat16 where the CPU has it): the two
+    # paths then differ only in the order of their sums
+    cold = run(make(monkeypatch, prompt_path="float32").engine, [("probe", PROBE, GREEDY)])["probe"]
+    llm = make(monkeypatch, prompt_path="float32")
     if llm.engine.runner.cpu_paths.prompt_dtype is None:  # type: ignore[attr-defined]
         pytest.fail("this CPU's default has no dense prompt path: the control needs one")
     run(llm.engine, [("warm", OTHER, GREEDY)])
@@ -131,7 +133,10 @@ def test_a_recompute_resume_replays_only_what_is_not_cached(
     pages back by hash and replays less than a page; without it, the whole history."""
     out, replayed = {}, {}
     for cache in (True, False):
-        llm = make(monkeypatch, every=4, preempt_ram_mib=0, prefix_cache=cache)
+        # float32 prompts (the whole replay without the cache is one): as the control above
+        llm = make(
+            monkeypatch, every=4, preempt_ram_mib=0, prefix_cache=cache, prompt_path="float32"
+        )
         out[cache] = run(llm.engine, [("probe", PROBE, GREEDY)])["probe"]
         stats = llm.engine.stats
         assert stats.preemptions_total["recompute"] >= 2

@@ -41,7 +41,10 @@ def last_logits(runner: NativeCpuRunner, prompt: list[int], split: int) -> torch
 
 def make(exact: bool) -> NativeCpuRunner:
     torch.set_num_threads(1)
-    config = ModelConfig(threads=1, weights="blocks", exact=exact)
+    # normal mode: float32 dense prompts on every machine (auto is bfloat16 where the CPU has
+    # it), so the control's two paths differ only in the order of their sums
+    prompt_path = "auto" if exact else "float32"
+    config = ModelConfig(threads=1, weights="blocks", exact=exact, prompt_path=prompt_path)
     return NativeCpuRunner(config, PoolConfig(kv_cells=2048, page_size=PAGE))
 
 
