@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -20,6 +21,23 @@ class InvalidParameterError(ValueError):
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+ConstraintKind = Literal["json_schema", "json_object", "gbnf", "regex", "choice", "lark"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match; compiled to a grammar by ``kvpark.sampling.grammar``.
+
+    ``source`` is the text of the constraint: a JSON schema (as JSON text), a GBNF or Lark grammar,
+    a regular expression, or for ``choice`` a JSON list of strings; unused for ``json_object``.
+    ``param`` is the request field it came from, so a bad one is a 400 that names it.
+    """
+
+    kind: ConstraintKind
+    source: str = ""
+    param: str = "response_format"
 
 
 @dataclass(frozen=True)
@@ -38,6 +56,10 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus the top k
     n: int = 1
     skip_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to logits
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output (CTRL rule)
+    constraint: Constraint | None = None  # structured output: a grammar the output must match
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property

@@ -30,15 +30,17 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from kvpark.engine.outputs import ErrorEvent, FinishedEvent, NoticeEvent, QueuedEvent, TokenEvent
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import End, PromptEvent, Timeout
-from kvpark.server.responses import ResponseBuilder
+from kvpark.server.responses import JSON
 
 log = logging.getLogger("kvpark.server")
 
@@ -61,8 +63,40 @@ QueuePosition = Callable[[int], "int | None"]
 """A prompt's current place in the engine's wait queue, or None once it has left the queue."""
 
 
+class StreamBuilder(Protocol):
+    """What a stream's frames are built from: the OpenAI ``ResponseBuilder`` or another API's."""
+
+    def on_tokens(self, prompt: int, event: TokenEvent) -> list[JSON]: ...
+
+    def on_finished(self, event: FinishedEvent) -> None: ...
+
+    def closing_chunks(self) -> list[JSON]: ...
+
+
 def data_frame(obj: Mapping[str, object]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def typed_frame(obj: Mapping[str, object]) -> bytes:
+    """``event: <type>`` then the data line: how the Responses and Anthropic APIs frame events."""
+    return f"event: {obj['type']}\n".encode() + data_frame(obj)
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How one API writes its events: a chunk's frame, the in-stream error, the closing sentinel.
+
+    The default is OpenAI's chat and completions: ``data:`` lines, the error object as a chunk,
+    ``data: [DONE]``. Comments (notices, pings, ``: queued``) are the same for every API."""
+
+    frame: Callable[[Mapping[str, object]], bytes] = data_frame
+    error: Callable[[APIError], bytes] = lambda error: data_frame(error.body())
+    done: bytes = DONE
+    # a failure before the first frame: a plain JSON error in the API's own shape
+    error_response: Callable[[APIError], Response] = lambda error: error.response()
+
+
+OPENAI = Framing()
 
 
 def notice_frame(kind: str, prompt: int | None) -> bytes:
@@ -140,16 +174,18 @@ class Pacer:
 
 async def sse_frames(
     events: EventSource,
-    builder: ResponseBuilder,
+    builder: StreamBuilder,
     ping_interval: float,
     multi_prompt: bool,
     keepalive_cap: float = KEEPALIVE_CAP_S,
     position: QueuePosition | None = None,
+    framing: Framing = OPENAI,
 ) -> AsyncGenerator[bytes, None]:
     """Frames of one stream; raises :class:`APIError` if it fails before its first frame.
 
     ``position`` reads a queued prompt's current place for the repeated ``: queued`` comments;
-    without it they repeat the place the engine first reported.
+    without it they repeat the place the engine first reported. ``framing`` is the API's way of
+    writing chunks, errors and the end.
     """
     pacer = Pacer(ping_interval, keepalive_cap)
     started = False
@@ -166,7 +202,7 @@ async def sse_frames(
             pacer.queued[item.prompt] = item.event.position
             frames.append(queued_frame(item.event.position, item.prompt if multi_prompt else None))
         elif isinstance(item.event, TokenEvent):
-            frames.extend(data_frame(c) for c in builder.on_tokens(item.prompt, item.event))
+            frames.extend(framing.frame(c) for c in builder.on_tokens(item.prompt, item.event))
         elif isinstance(item.event, NoticeEvent):
             pacer.notice(item.event.kind, item.prompt)
             frames.append(notice_frame(item.event.kind, item.prompt if multi_prompt else None))
@@ -176,8 +212,9 @@ async def sse_frames(
             error = APIError(item.event.code, item.event.message, item.event.kind)
             if not started:
                 raise error
-            yield data_frame(error.body())
-            yield DONE
+            yield framing.error(error)
+            if framing.done:
+                yield framing.done
             return
         for frame in frames:
             started = True
@@ -185,15 +222,17 @@ async def sse_frames(
         if frames:
             pacer.wrote()
     for chunk in builder.closing_chunks():
-        yield data_frame(chunk)
-    yield DONE
+        yield framing.frame(chunk)
+    if framing.done:
+        yield framing.done
 
 
 class SSEResponse:
     """ASGI response for a frame generator: headers with the first frame, abort on disconnect."""
 
-    def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
+    def __init__(self, frames: AsyncGenerator[bytes, None], framing: Framing = OPENAI) -> None:
         self.frames = frames
+        self.framing = framing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -207,13 +246,12 @@ class SSEResponse:
         except StopAsyncIteration:
             first = b""
         except APIError as error:
-            await error.response()(scope, receive, send)
+            await self.framing.error_response(error)(scope, receive, send)
             return
         except Exception as exc:
             log.error("stream failed before its first frame", exc_info=exc)
-            await APIError(500, f"internal error: {type(exc).__name__}").response()(
-                scope, receive, send
-            )
+            failure = APIError(500, f"internal error: {type(exc).__name__}")
+            await self.framing.error_response(failure)(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
         try:
@@ -229,7 +267,7 @@ class SSEResponse:
                 await send(
                     {
                         "type": "http.response.body",
-                        "body": data_frame(failure.body()) + DONE,
+                        "body": self.framing.error(failure) + self.framing.done,
                         "more_body": True,
                     }
                 )
