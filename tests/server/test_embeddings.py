@@ -1,7 +1,7 @@
 """``POST /v1/embeddings`` over HTTP: the vectors are the model's (mean-pooled final-norm hidden
 states, normalised), the ``openai`` client reads them in both encodings, bad bodies are 400s that
-name their field, and embeddings computed beside running chat streams change none of their tokens
-and hold no KV cell.
+name their field, embeddings computed beside running chat streams change none of their tokens
+and hold no KV cell, and a client that leaves drops the inputs not yet run.
 
 The numbers are judged as tests/model/test_model_parity.py judges logits, with no tolerance measured
 on one machine: against transformers run in float64 on the same GGUF weights, our float32 error may
@@ -249,4 +249,20 @@ def test_embeddings_beside_chat_streams_change_neither(servers: dict[str, Server
     assert all(len(text) > 0 for text in alone)
     assert any(in_streams for _, in_streams in answers), "no embedding ran beside the streams"
     assert all(vectors == first for vectors, _ in answers)
+    server.wait_cells_free()
+
+
+def test_a_client_that_leaves_drops_the_inputs_not_yet_run(server: Server) -> None:
+    """A request of many long inputs whose client gives up at once must not keep the engine busy:
+    the next request is answered in far less time than the abandoned inputs would take."""
+    long_input = [[i % 1000 + 1 for i in range(128)]]
+    started = time.monotonic()
+    floats(server, {"input": long_input})
+    one = time.monotonic() - started  # one long input's forward (and a round trip)
+    with server.client(timeout=2 * one) as c, pytest.raises(httpx.TimeoutException):
+        c.post("/v1/embeddings", json={"input": long_input * 256})
+    started = time.monotonic()
+    assert len(floats(server, {"input": "Hi"})[0]) == HIDDEN
+    # had the 256 inputs all run, this answer would have waited for about 254 of them
+    assert time.monotonic() - started < 64 * one
     server.wait_cells_free()
