@@ -16,11 +16,15 @@ Admission happens on the engine thread: ``LLMEngine.add_request`` refuses a requ
 admitted or refused together, before any of them runs a step. After each step, a request still
 waiting that has not been told gets a ``QueuedEvent`` as its first event, and
 :meth:`AsyncEngine.queue_position` reports its current place until it leaves the queue.
+
+``embed()`` posts an embedding job the same way; the loop runs one of its prompts per turn, between
+steps, so the model is never used by two things at once (engine/embeddings.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import queue
@@ -31,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvpark.config.layers import EngineConfig
+from kvpark.engine.embeddings import EmbedJob, check_embedding, embed_member
 from kvpark.engine.llm_engine import LLMEngine, RequestRejected
 from kvpark.engine.outputs import ErrorEvent, FinishedEvent, QueuedEvent, StreamEvent
 from kvpark.engine.slots import describe_slots
@@ -65,6 +70,7 @@ class AsyncEngine:
         self._announced: set[str] = set()  # waiting requests told so (engine thread only)
         self._adds: dict[asyncio.AbstractEventLoop, list[_Add]] = {}  # this tick's adds, per loop
         self._adds_lock = threading.Lock()
+        self._embeds: collections.deque[EmbedJob] = collections.deque()  # engine thread only
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -134,6 +140,21 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not done:
                 self.abort(request_id)
+
+    def check_embedding(self, prompts: list[list[int]]) -> None:
+        """``RequestRejected`` unless :meth:`embed` can take ``prompts`` (engine/embeddings.py)."""
+        engine = self.engine
+        check_embedding(engine.runner, prompts, engine.vocab_size, engine.max_model_len)
+
+    async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Each prompt's embedding (the runner's ``embed``), computed on the engine thread between
+        steps; checked first with :meth:`check_embedding`. Cancelling the await drops the prompts
+        not yet run."""
+        self.check_embedding(prompts)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[list[float]]] = loop.create_future()
+        self._post("embed", EmbedJob(loop, future, [list(p) for p in prompts]))
+        return await future
 
     def abort(self, request_id: str) -> None:
         self._flush_adds(None)  # an add still held back must reach the engine before its abort
@@ -243,6 +264,7 @@ class AsyncEngine:
         self.ready = True
         while not self._stop.is_set():
             self._drain_inbox()
+            self._embed_one()
             if self._engine.has_work:
                 try:
                     events = self._engine.step()
@@ -252,10 +274,12 @@ class AsyncEngine:
                 self._announce_queue(events)
                 self._dispatch(events)
                 self._slots = describe_slots(self._engine)
-            else:
+            elif not self._embeds:
                 self._slots = describe_slots(self._engine)
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
+        for job in self._embeds:  # shutdown: nobody is left to run them
+            job.settle(RuntimeError("the engine stopped"))
         self._engine.close()  # shutdown: copies in flight land, then every cell and buffer is freed
 
     def _drain_inbox(self) -> None:
@@ -273,6 +297,23 @@ class AsyncEngine:
                         self._dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
             elif kind == "abort":
                 self._engine.abort(payload)
+            elif kind == "embed":
+                self._embeds.append(payload)
+
+    def _embed_one(self) -> None:
+        """One prompt of the oldest embedding job (a turn of the loop: then a step runs)."""
+        if not self._embeds:
+            return
+        assert self._engine is not None
+        embed = embed_member(self._engine.runner)
+        assert embed is not None  # check_embedding refused the job otherwise
+        try:
+            done = self._embeds[0].run_next(embed)
+        except Exception:
+            log.exception("an embedding failed; its request gets a 500")
+            done = True
+        if done:
+            self._embeds.popleft()
 
     def _announce_queue(self, events: dict[str, list[StreamEvent]]) -> None:
         """Publish the wait queue's places; tell each request the step left waiting, once.

@@ -273,12 +273,32 @@ class LlamaModel(nn.Module):
         ops: OpSet | None = None,
     ) -> Tensor:  # [S, vocab] float32
         ops = ops or OpSet.default()
-        a = self.arch
+        x = self.layer_stack(token_ids, positions, meta, kv, ops)
+        x = x.index_select(0, logit_rows)  # [S, hidden]: the norm is row-wise, so select first
+        x = ops.rms_norm(x, self.norm, self.arch.rms_eps)
+        return ops.linear(x, self.lm_head, None).float()  # [S, vocab]
+
+    @torch.inference_mode()
+    def final_hidden(
+        self,
+        token_ids: Tensor,  # [T] int64
+        positions: Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        kv: KVCache,
+        ops: OpSet | None = None,
+    ) -> Tensor:  # [T, hidden] in the model's dtype
+        """Every row's last hidden state after the final norm (what ``forward`` feeds the head):
+        what ``/v1/embeddings`` pools (runner/embedding.py)."""
+        ops = ops or OpSet.default()
+        x = self.layer_stack(token_ids, positions, meta, kv, ops)
+        return ops.rms_norm(x, self.norm, self.arch.rms_eps)
+
+    def layer_stack(
+        self, token_ids: Tensor, positions: Tensor, meta: AttentionMetadata, kv: KVCache, ops: OpSet
+    ) -> Tensor:  # [T, hidden]: the rows through every layer, before the final norm
         x = self.embed_rows(token_ids)  # [T, hidden]
         rope = self.rope.at(positions, self.dtype)  # looked up once, used by every layer
-        plan = ops.prepare_attention(meta, a, kv.k[0].dtype)
+        plan = ops.prepare_attention(meta, self.arch, kv.k[0].dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, kv.k[i], kv.v[i], meta, plan, ops)
-        x = x.index_select(0, logit_rows)  # [S, hidden]: the norm is row-wise, so select first
-        x = ops.rms_norm(x, self.norm, a.rms_eps)
-        return ops.linear(x, self.lm_head, None).float()  # [S, vocab]
+        return x

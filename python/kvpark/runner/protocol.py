@@ -10,7 +10,10 @@ under kvpark's pool, scheduler, preemption and server (docs/custom-runners.md wa
 The engine touches a runner only through these members. The runner owns the K/V storage for the
 pool's cells (``kv_cells`` cells in pages of ``page_size``, both in ``EngineConfig.pool``); the Rust
 pool decides which cells each sequence holds, and the plan says which cells each row writes and
-reads. The built-in runners are ``kvpark.runner.torch_runner.TorchRunner`` and, on the CPU,
+reads. One optional member, not checked at start: ``embed(token_ids: list[int]) -> torch.Tensor``
+(the prompt's float32 embedding ``[hidden]``, computed without touching the pool's cells), which
+``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers 501). The built-in
+runners are ``kvpark.runner.torch_runner.TorchRunner`` and, on the CPU,
 ``kvpark.runner.native_runner.NativeCpuRunner``.
 """
 

@@ -21,6 +21,7 @@ from kvpark.runner.batch import build_step_tensors
 from kvpark.runner.cpu_paths import CpuPaths
 from kvpark.runner.cpu_paths import choose as choose_cpu_paths
 from kvpark.runner.cuda_graphs import DecodeGraphs, graphs_wanted
+from kvpark.runner.embedding import embed_tokens
 from kvpark.sched.plan import StepPlan
 from kvpark.tokenizer.tokenizer import Tokenizer
 
@@ -240,6 +241,25 @@ class TorchRunner:
         finally:
             torch.set_num_threads(1)
         return logits
+
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        """``/v1/embeddings``: the prompt's final-norm hidden states, mean-pooled and normalised,
+        float32 ``[hidden]`` (runner/embedding.py), over a temporary K/V cache of its own in the
+        activations' dtype (float32 on the CPU: no reason to round an embedding's keys to the
+        pool's bfloat16). The prompt-chunk arithmetic when it is the activations' dtype (the dense
+        float32 copies hold the blocks' values exactly, and a GEMM is the fast way through many
+        rows); otherwise the decode rows' (a bfloat16 prompt GEMM would cost the vector bits)."""
+        paths = self.cpu_paths
+        model, size = self.loaded.model, self.page_size
+        if paths is None:  # CUDA: the step's own kernels
+            return embed_tokens(model, self.ops, token_ids, size, self.dtype, self.device)
+        ops = self.ops_for_prompts if paths.prompt_dtype == paths.dtype else self.ops
+        torch.set_num_threads(self.threads)  # as a prompt chunk (execute): all the threads
+        try:
+            return embed_tokens(model, ops, token_ids, size, self.dtype, self.device)
+        finally:
+            if paths.blocks:
+                torch.set_num_threads(1)  # between steps torch keeps one (execute says why)
 
     # ----------------------------------------------------------------- parking (CellCopier)
     @property

@@ -28,6 +28,7 @@ from kvpark.server.auth import APIKeyMiddleware
 from kvpark.server.body import Fields, read_json
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.echo import EchoBuilder
+from kvpark.server.embeddings import create_embeddings
 from kvpark.server.errors import (
     APIError,
     api_error_response,
@@ -154,6 +155,11 @@ class Routes:
             finally:
                 await frames.aclose()
 
+    async def embeddings(self, request: Request) -> Response:
+        engine = self.ready_engine()
+        body = await read_json(request, self.config.max_body_bytes)
+        return await create_embeddings(engine, request, body, self.check_model, self.model_name)
+
     # -- utilities ------------------------------------------------------------------------------
 
     async def tokenize(self, request: Request) -> Response:
@@ -261,6 +267,7 @@ def build_app(
         Route("/v1/models/{model:path}", _guard(r.model), methods=["GET"]),
         Route("/v1/chat/completions", _guard(r.chat_completions), methods=["POST"]),
         Route("/v1/completions", _guard(r.completions), methods=["POST"]),
+        Route("/v1/embeddings", _guard(r.embeddings), methods=["POST"]),
         Route("/tokenize", _guard(r.tokenize), methods=["POST"]),
         Route("/detokenize", _guard(r.detokenize), methods=["POST"]),
         Route("/props", _guard(r.props), methods=["GET"]),
