@@ -132,7 +132,7 @@ class ResponsesBuilder:
     def response(self, status: str | None = None) -> JSON:
         """The response object: the whole answer, or (``status`` given) its state so far."""
         if status is None:
-            status = "incomplete" if self.finish_reason == "length" else "completed"
+            status = "completed" if self.finish_reason in (None, "stop") else "incomplete"
         final = status in ("completed", "incomplete")
         output = [item.item("completed" if final else "in_progress") for item in self.items]
         if status == "incomplete" and output:
@@ -147,9 +147,7 @@ class ResponsesBuilder:
             "output": output,
             "output_text": "".join(texts),
             "error": None,
-            "incomplete_details": (
-                {"reason": "max_output_tokens"} if status == "incomplete" else None
-            ),
+            "incomplete_details": self._incomplete() if status == "incomplete" else None,
             **self.echo,
             "usage": self._usage() if final else None,
         }
@@ -158,6 +156,12 @@ class ResponsesBuilder:
             if self.with_preempt:
                 obj["preempt"] = self.tally.preempt()
         return obj
+
+    def _incomplete(self) -> JSON:
+        """Why the output stopped short: the length limit, or another engine finish (a grammar
+        that reached a dead end: ``grammar_dead_end``) under its own name."""
+        reason = self.finish_reason or "stop"
+        return {"reason": "max_output_tokens" if reason == "length" else reason}
 
     def _usage(self) -> JSON:
         chat = self.tally.usage()
@@ -269,6 +273,6 @@ class ResponsesBuilder:
                 )
             )
         # only the end of the output closes an item the length limit cut short
-        status = "incomplete" if self.finish_reason == "length" else "completed"
+        status = "completed" if self.finish_reason in (None, "stop") else "incomplete"
         done = self._event("response.output_item.done", output_index=index, item=item.item(status))
         return [*events, done]
