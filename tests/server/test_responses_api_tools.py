@@ -5,7 +5,8 @@ Responses items and events.
 The default model's template has no tool syntax, so its calls come in the generic format, and
 ``required`` or a named function is enforced with the grammar: even the 135M model returns a
 valid call. Also the rest of the field walk of test_responses_api.py: ``tools``, ``tool_choice``,
-``parallel_tool_calls`` and ``text`` each change the output as they should.
+``parallel_tool_calls`` and ``text`` each change the output as they should. And a call streamed
+across forced parks (a second server parks every request every 8 tokens) is the unparked call.
 """
 
 from __future__ import annotations
@@ -15,31 +16,31 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
+from support.preempt_server import EVERY, flags, paired
 from support.servers import Server, serve_for_module
 
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+# strict: the grammar holds the arguments to the schema, so the small model's calls end
 WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "The current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
+    "parameters": CITY,
+    "strict": True,
 }
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "The local time in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
+TIME = {**WEATHER, "name": "get_time", "description": "The local time in a city."}
+# one call: with parallel calls allowed the small model goes on calling until its limit
+ONE_CALL = {"tool_choice": "required", "parallel_tool_calls": False}
+AFTER = {"tools": [WEATHER], "tool_choice": "none"}
 ASK = "What is the weather in Paris?"
 BASE: dict[str, Any] = {"model": "default", "max_output_tokens": 64, "temperature": 0.0}
 PERSON = {
@@ -65,12 +66,12 @@ def calls_of(response: Any) -> list[Any]:
 
 
 def test_required_returns_a_valid_call(client: openai.OpenAI) -> None:
-    r = client.responses.create(**BASE, input=ASK, tools=[WEATHER, TIME], tool_choice="required")
-    [call] = calls_of(r)[:1]
+    r = client.responses.create(**BASE, input=ASK, tools=[WEATHER, TIME], **ONE_CALL)
+    [call] = calls_of(r)
     assert call.name in ("get_weather", "get_time")
-    assert isinstance(json.loads(call.arguments)["city"], str)
+    assert set(json.loads(call.arguments)) == {"city"}
     assert call.call_id and call.id and call.id.startswith("fc_")
-    assert r.status == "completed"
+    assert r.status == "completed" and r.output_text == ""
     assert r.tool_choice == "required" and [t.name for t in r.tools] == ["get_weather", "get_time"]
 
 
@@ -85,14 +86,12 @@ def test_a_named_function_is_the_one_called(client: openai.OpenAI) -> None:
 
 
 def test_parallel_tool_calls_false_makes_one_call(client: openai.OpenAI) -> None:
-    r = client.responses.create(
-        **BASE,
-        input="What is the weather and the time in Paris, Rome and Oslo?",
-        tools=[WEATHER, TIME],
-        tool_choice="required",
-        parallel_tool_calls=False,
-    )
-    assert len(calls_of(r)) == 1 and r.parallel_tool_calls is False
+    """The small model, allowed several calls, makes more than one; ``false`` stops it at one."""
+    both = {"tools": [WEATHER, TIME], "tool_choice": "required"}
+    several = client.responses.create(**BASE, input=ASK, **both)
+    one = client.responses.create(**BASE, input=ASK, **both, parallel_tool_calls=False)
+    assert len(calls_of(several)) > 1
+    assert len(calls_of(one)) == 1 and one.parallel_tool_calls is False
 
 
 def test_tool_choice_none_writes_text(client: openai.OpenAI) -> None:
@@ -109,11 +108,9 @@ def test_tools_change_the_prompt(client: openai.OpenAI) -> None:
 
 
 def test_streamed_call_events(client: openai.OpenAI) -> None:
-    whole = client.responses.create(**BASE, input=ASK, tools=[WEATHER], tool_choice="required")
+    whole = client.responses.create(**BASE, input=ASK, tools=[WEATHER], **ONE_CALL)
     events = list(
-        client.responses.create(
-            **BASE, input=ASK, tools=[WEATHER], tool_choice="required", stream=True
-        )
+        client.responses.create(**BASE, input=ASK, tools=[WEATHER], **ONE_CALL, stream=True)
     )
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]
@@ -143,20 +140,25 @@ def test_streamed_call_events(client: openai.OpenAI) -> None:
 
 
 def tool_loop(client: openai.OpenAI, stream: bool) -> tuple[str, int, int]:
-    """Two steps: a required call, then the call and its result back in ``input``."""
-    first = client.responses.create(**BASE, input=ASK, tools=[WEATHER], tool_choice="required")
-    [call] = calls_of(first)[:1]
+    """Two steps: a required call, then the call and its result back in ``input``, with
+    ``tool_choice: none`` for the answer (left to ``auto``, the small model calls again)."""
+    first = client.responses.create(**BASE, input=ASK, tools=[WEATHER], **ONE_CALL)
+    [call] = calls_of(first)
     history: list[Any] = [{"role": "user", "content": ASK}, *first.output]
     history.append(
         {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}
     )
     if stream:
-        events = list(client.responses.create(**BASE, input=history, tools=[WEATHER], stream=True))
+        events = list(client.responses.create(**BASE, input=history, **AFTER, stream=True))
         second = events[-1].response
     else:
-        second = client.responses.create(**BASE, input=history, tools=[WEATHER])
+        second = client.responses.create(**BASE, input=history, **AFTER)
     assert first.usage is not None and second.usage is not None
-    return second.output_text, first.usage.input_tokens, second.usage.input_tokens
+    assert calls_of(second) == [] and second.status == "completed"
+    # the same settings with the question alone: the call and its result add to the prompt
+    alone = client.responses.create(**{**BASE, "max_output_tokens": 1}, input=ASK, **AFTER)
+    assert alone.usage is not None
+    return second.output_text, alone.usage.input_tokens, second.usage.input_tokens
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -170,11 +172,11 @@ def test_two_step_tool_loop_beside_other_requests(client: openai.OpenAI, stream:
     threads = [threading.Thread(target=chat) for _ in range(2)]
     for thread in threads:
         thread.start()
-    text, first_in, second_in = tool_loop(client, stream)
+    text, alone_in, second_in = tool_loop(client, stream)
     for thread in threads:
         thread.join(300)
     assert len(others) == 2 and all(others)  # served beside the loop
-    assert second_in > first_in  # the call and its result are in the second prompt
+    assert second_in > alone_in  # the call and its result are in the second prompt
     assert text  # the model answers in text once it has the result
 
 
@@ -194,9 +196,10 @@ def test_json_schema_format(client: openai.OpenAI) -> None:
 def test_json_object_format(client: openai.OpenAI) -> None:
     r = client.responses.create(
         **{**BASE, "max_output_tokens": 128},
-        input="Describe a cat as JSON.",
+        input="Give me a JSON object with the key 'colour' set to a colour.",
         text={"format": {"type": "json_object"}},
     )
+    assert r.status == "completed"
     assert isinstance(json.loads(r.output_text), dict)
 
 
@@ -209,3 +212,30 @@ def test_a_bad_schema_is_a_400_naming_text_format(client: openai.OpenAI) -> None
         )
     body = caught.value.body
     assert isinstance(body, dict) and str(body["param"]).startswith("text.format"), body
+
+
+@pytest.fixture(scope="module")
+def swap_every() -> Iterator[Server]:
+    """Every generating request parked (swapped) every 8 tokens."""
+    knobs = {"KVPARK_PREEMPT_EVERY": str(EVERY)}
+    yield from serve_for_module(*flags(1024, 2, 512), "--no-prefix-cache", environ=knobs)
+
+
+def test_a_streamed_call_across_forced_parks(client: openai.OpenAI, swap_every: Server) -> None:
+    """The grammar state parks with the request: the call is the unparked one."""
+    unparked = client.responses.create(**BASE, input=ASK, tools=[WEATHER], **ONE_CALL)
+    body = {**BASE, "input": ASK, "tools": [WEATHER], **ONE_CALL, "stream": True}
+    with httpx.stream("POST", swap_every.base_url + "/v1/responses", json=body, timeout=400) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    parks = paired([line for line in lines if line in (": preempted", ": resumed")])
+    assert parks >= 2  # a call of ~30 tokens, a park every 8
+    final = json.loads(lines[-1].removeprefix("data: "))
+    assert final["type"] == "response.completed"
+    assert final["response"]["preempt"]["parks"] == parks
+    [call] = [item for item in final["response"]["output"] if item["type"] == "function_call"]
+    assert (call["name"], call["arguments"]) == (
+        calls_of(unparked)[0].name,
+        calls_of(unparked)[0].arguments,
+    )
+    swap_every.wait_cells_free()
