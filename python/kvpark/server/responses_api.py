@@ -116,8 +116,8 @@ async def _collect(fan_in: FanIn, builder: ResponsesBuilder) -> JSON:
                 builder.on_finished(event)
             elif isinstance(event, ErrorEvent):
                 raise APIError(event.code, event.message, event.kind)
-    final: JSON = builder.closing_chunks()[-1]["response"]  # type: ignore[assignment]
-    return final
+    builder.closing_chunks()  # closes the open items (and takes what the tool parser held)
+    return builder.response()
 
 
 def _echo(body: ResponsesBody, req: GenerationRequest) -> JSON:
