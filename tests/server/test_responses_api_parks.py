@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from support.preempt_server import EVERY, flags, paired, settle
@@ -108,3 +109,16 @@ def test_a_dropped_stream_frees_its_cells(swap_every: Server) -> None:
     lines = stream_lines(swap_every, "/v1/responses", {**BODY, "max_output_tokens": 4})
     assert events_of(lines)[-1]["type"] == "response.incomplete"
     assert time.monotonic() - started < 400
+
+
+def test_the_openai_client_reads_a_parked_stream(swap_every: Server) -> None:
+    """The notices are comments: the ``openai`` client's stream skips them, event by event."""
+    client = openai.OpenAI(base_url=swap_every.base_url + "/v1", api_key="unused", max_retries=0)
+    body = {k: v for k, v in BODY.items() if k != "stream"}
+    events = list(client.responses.create(**body, stream=True))  # type: ignore[call-overload]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert final.status == "incomplete"  # 40 tokens of a long story
+    assert final.model_extra is not None and final.model_extra["preempt"]["parks"] >= 2
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == final.output_text
