@@ -56,9 +56,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus the top k
     n: int = 1
     skip_special_tokens: bool = True
-    logit_bias: tuple[
-        tuple[int, float], ...
-    ] = ()  # (token id, bias in [-100, 100]) added to logits
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to logits
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
     repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output (CTRL rule)
     constraint: Constraint | None = None  # structured output: a grammar the output must match
