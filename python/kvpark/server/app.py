@@ -41,6 +41,7 @@ from kvpark.server.fanout import FanIn
 from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
 from kvpark.server.protocol import GenerationRequest, Kind, parse_chat, parse_completion
 from kvpark.server.responses import ResponseBuilder
+from kvpark.server.responses_api import create_response
 from kvpark.server.sse import SSEResponse, sse_frames
 
 if TYPE_CHECKING:
@@ -97,6 +98,9 @@ class Routes:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, "completion")
+
+    async def responses(self, request: Request) -> Response:
+        return await create_response(self, request)
 
     async def _generate(self, request: Request, kind: Kind) -> Response:
         engine = self.ready_engine()
@@ -268,6 +272,7 @@ def build_app(
         Route("/v1/chat/completions", _guard(r.chat_completions), methods=["POST"]),
         Route("/v1/completions", _guard(r.completions), methods=["POST"]),
         Route("/v1/embeddings", _guard(r.embeddings), methods=["POST"]),
+        Route("/v1/responses", _guard(r.responses), methods=["POST"]),
         Route("/tokenize", _guard(r.tokenize), methods=["POST"]),
         Route("/detokenize", _guard(r.detokenize), methods=["POST"]),
         Route("/props", _guard(r.props), methods=["GET"]),
