@@ -36,6 +36,8 @@ from kvpark.server.errors import (
     log,
 )
 from kvpark.server.fanout import FanIn
+from kvpark.server.messages_api import METHODS as MESSAGES_METHODS
+from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
 from kvpark.server.protocol import GenerationRequest, Kind, parse_chat, parse_completion
 from kvpark.server.responses import ResponseBuilder
@@ -95,6 +97,9 @@ class Routes:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, "completion")
+
+    async def messages(self, request: Request) -> Response:  # Anthropic's errors, all methods
+        return await create_message(self, request)
 
     async def _generate(self, request: Request, kind: Kind) -> Response:
         engine = self.ready_engine()
@@ -258,6 +263,7 @@ def build_app(
         Route("/v1/models/{model:path}", _guard(r.model), methods=["GET"]),
         Route("/v1/chat/completions", _guard(r.chat_completions), methods=["POST"]),
         Route("/v1/completions", _guard(r.completions), methods=["POST"]),
+        Route("/v1/messages", _guard(r.messages), methods=MESSAGES_METHODS),
         Route("/tokenize", _guard(r.tokenize), methods=["POST"]),
         Route("/detokenize", _guard(r.detokenize), methods=["POST"]),
         Route("/props", _guard(r.props), methods=["GET"]),
