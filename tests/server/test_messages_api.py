@@ -27,6 +27,7 @@ from support.servers import Server, serve_for_module
 
 KEY = "messages-key"
 COUNT = "Count from one to ten in words, separated by commas."
+STORY = "Tell me a very long story about a dragon."
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +83,16 @@ def test_stream_events_in_anthropic_order(server: Server) -> None:
 
 
 def test_stop_sequences_name_the_one_that_matched(server: Server) -> None:
-    free = text_of(client(server).messages.create(**ask(COUNT, 40), extra_body=GREEDY))
+    free = text_of(client(server).messages.create(**ask(STORY, 40), extra_body=GREEDY))
     # a word from the middle of the output: the engine stops at its first occurrence
     stop = next(w for w in free.split()[2:] if len(w) >= 3 and free.index(w) > 0)
     message = client(server).messages.create(
-        **ask(COUNT, 40), stop_sequences=["zebra", stop], extra_body=GREEDY
+        **ask(STORY, 40), stop_sequences=["zebra", stop], extra_body=GREEDY
     )
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
     assert text_of(message) == free[: free.index(stop)]
     with client(server).messages.stream(
-        **ask(COUNT, 40), stop_sequences=[stop], extra_body=GREEDY
+        **ask(STORY, 40), stop_sequences=[stop], extra_body=GREEDY
     ) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
@@ -250,7 +251,7 @@ def test_malformed_json_and_wrong_method(server: Server) -> None:
 def test_a_dropped_stream_gives_its_cells_back(server: Server) -> None:
     key = {"x-api-key": KEY}
     url = f"{server.base_url}/v1/messages"
-    body = {**ask("Tell me a very long story about a dragon.", 400), "stream": True}
+    body = {**ask(STORY, 400), "stream": True}
     with httpx.stream("POST", url, json=body, headers=key, timeout=60) as response:
         assert response.status_code == 200
         deltas = 0
