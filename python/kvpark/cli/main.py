@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvpark.cli.flags import (
+    add_chat_template_flag,
     add_engine_flags,
     add_model_positional,
     add_server_flags,
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_positional(serve)
     add_engine_flags(serve)
     add_server_flags(serve)
+    add_chat_template_flag(serve)
     gen = sub.add_parser(
         "generate",
         help="offline generation from the command line",

@@ -48,6 +48,8 @@ class ModelConfig:
     # auto | native (the CPU decoder) | torch, or "module:factory" of a custom runner, called with
     # the EngineConfig (docs/custom-runners.md); None: auto
     runner: str | None = None
+    # replaces the model's chat template: the template's text (--chat-template FILE reads it)
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)

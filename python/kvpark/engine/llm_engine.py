@@ -28,7 +28,9 @@ from kvpark.preempt.buffers import Parking
 from kvpark.preempt.copies import make_transfers
 from kvpark.preempt.preemption import Preemption
 from kvpark.runner.protocol import Runner, RunnerFactory, build_runner
+from kvpark.sampling.grammar import DEAD_END, GrammarCompiler, GrammarState
 from kvpark.sampling.params import InvalidParameterError, SamplingParams
+from kvpark.sampling.sampler import DEAD_END as NO_TOKEN
 from kvpark.sampling.sampler import SampleRow, make_generator, sample_rows
 from kvpark.sched.plan import StepPlan
 from kvpark.sched.request import Request, Sequence
@@ -92,6 +94,11 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._text: dict[tuple[str, int], TextStream] = {}
         self._generators: dict[tuple[str, int], torch.Generator] = {}
+        # per choice, beside its generator: where it stands in its grammar (structured output).
+        # Advanced only in _emit, on tokens drawn and emitted: a recompute replay samples nothing
+        # and a swap park touches no sampler state, so a park leaves the constrained output as is.
+        self._grammar: dict[tuple[str, int], GrammarState] = {}
+        self.grammars = GrammarCompiler(self.tokenizer)
         self._seed_source = random.Random(config.seed)
         self._arrivals = 0
         self.preemption: Preemption | None = None
@@ -123,6 +130,7 @@ class LLMEngine:
             )
         try:
             params.validate(self.vocab_size)
+            self._check_constraint(params)
         except InvalidParameterError as e:
             raise RequestRejected(str(e), param=e.param) from None
         wanted = len(prompt_ids) + params.max_tokens
@@ -138,6 +146,26 @@ class LLMEngine:
             raise RequestRejected(
                 f"n must be at most {self.config.scheduler.parallel} (--parallel)", param="n"
             )
+
+    def _check_constraint(self, params: SamplingParams) -> None:
+        """Compile the constraint (cached) and refuse one that allows no first token: the prompt's
+        draw forks into the n choices, so the first token must exist for every choice."""
+        c = params.constraint
+        if c is None:
+            return
+        allowed = self.grammars.state(c).allowed(self.vocab_size)
+        if not allowed.any():
+            raise InvalidParameterError("the constraint allows no output at all", c.param)
+        banned = self._min_tokens_ban(params)
+        if banned and not allowed.index_fill(0, torch.tensor(banned), False).any():
+            raise InvalidParameterError(
+                "min_tokens cannot be met: the constraint allows only its end", "min_tokens"
+            )
+
+    def _min_tokens_ban(self, params: SamplingParams) -> tuple[int, ...]:
+        """What min_tokens masks: the tokens that would end the choice (EOS unless ignored)."""
+        eos = () if params.ignore_eos else tuple(sorted(self.tokenizer.eos_ids))
+        return tuple(sorted({*eos, *params.stop_token_ids}))
 
     def add_request(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams
@@ -160,6 +188,8 @@ class LLMEngine:
         self._requests[request_id] = req
         for j in range(params.n):
             self._generators[(request_id, j)] = make_generator(seed, j)
+            if params.constraint is not None:  # every choice starts at the grammar's start
+                self._grammar[(request_id, j)] = self.grammars.state(params.constraint)
             self._text[(request_id, j)] = TextStream(
                 self.tokenizer, req.prompt_ids, params.stop, params.skip_special_tokens
             )
@@ -224,13 +254,7 @@ class LLMEngine:
         for item in sampled:
             req, seq = self.scheduler.by_seq[item.seq_id]
             choices = range(req.params.n) if len(req.sequences) < req.params.n else [seq.index]
-            rows.append(
-                SampleRow(
-                    req.params,
-                    [self._generators[(req.request_id, j)] for j in choices],
-                    seq.output_ids,
-                )
-            )
+            rows.append(self._sample_row(req, seq, choices))
         draws = sample_rows(logits, rows) if rows else []
         for item in plan.items:
             _, seq = self.scheduler.by_seq[item.seq_id]
@@ -239,6 +263,11 @@ class LLMEngine:
         now = time.monotonic()
         for item, drawn in zip(sampled, draws, strict=True):
             req, seq = self.scheduler.by_seq[item.seq_id]
+            if drawn[0][0] == NO_TOKEN:  # the masks left nothing: the choice ends here
+                events.add(req.request_id, self._dead_end(req, seq))
+                if req.finished:
+                    events.add(req.request_id, self._finish(req, now))
+                continue
             if len(req.sequences) < req.params.n:
                 try:
                     self.scheduler.fork(req, [t for t, _ in drawn])
@@ -255,6 +284,28 @@ class LLMEngine:
                 events.add(req.request_id, self._emit(req, s, token, logprob))
             if req.finished:
                 events.add(req.request_id, self._finish(req, now))
+
+    def _sample_row(self, req: Request, seq: Sequence, choices: range | list[int]) -> SampleRow:
+        p = req.params
+        allowed = None
+        state = self._grammar.get((req.request_id, choices[0]))
+        if state is not None:  # before a fork every choice is at the start: one mask serves all
+            allowed = state.allowed(self.vocab_size)
+        banned = self._min_tokens_ban(p) if seq.num_output < p.min_tokens else ()
+        return SampleRow(
+            p,
+            [self._generators[(req.request_id, j)] for j in choices],
+            seq.output_ids,
+            req.prompt_ids,
+            allowed,
+            banned,
+        )
+
+    def _dead_end(self, req: Request, seq: Sequence) -> TokenEvent:
+        """No token is allowed and the grammar is not complete (or min_tokens forbids its end)."""
+        self.scheduler.finish_sequence(seq, DEAD_END)
+        text = self._text[(req.request_id, seq.index)].finish()
+        return TokenEvent(seq.index, text, [], None, DEAD_END)
 
     def _on_first_or_next_token(self, req: Request, now: float) -> None:
         if req.park.replaying:  # the replay has caught up: the rotation clock starts now
@@ -275,6 +326,7 @@ class LLMEngine:
         p = req.params
         text_stream = self._text[(req.request_id, seq.index)]
         reason: str | None = None
+        grammar_end = self._advance_grammar(req, seq, token)
         if (token in self.tokenizer.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             reason = "stop"
             text = text_stream.finish()
@@ -282,6 +334,9 @@ class LLMEngine:
             text, stopped = text_stream.push(token)
             if stopped:
                 reason = "stop"
+            elif grammar_end is not None:
+                reason = grammar_end
+                text += text_stream.finish()
             elif seq.num_output >= p.max_tokens or len(seq.tokens) >= self.max_model_len:
                 reason = "length"
                 text += text_stream.finish()
@@ -290,6 +345,19 @@ class LLMEngine:
         return TokenEvent(
             seq.index, text, [token], [logprob] if logprob is not None else None, reason
         )
+
+    def _advance_grammar(self, req: Request, seq: Sequence, token: int) -> str | None:
+        """Commit an emitted token to the choice's grammar; the finish reason it implies: "stop"
+        when the grammar is complete (once min_tokens are out: before that, its end is masked and
+        the next draw finds a dead end), the dead end when it refused the token."""
+        state = self._grammar.get((req.request_id, seq.index))
+        if state is None:
+            return None
+        if not state.advance(token):
+            return DEAD_END
+        if state.complete and seq.num_output >= req.params.min_tokens:
+            return "stop"
+        return None
 
     def _finish(self, req: Request, now: float) -> FinishedEvent:
         self._drop(req)
@@ -319,6 +387,7 @@ class LLMEngine:
         for j in range(req.params.n):
             self._text.pop((req.request_id, j), None)
             self._generators.pop((req.request_id, j), None)
+            self._grammar.pop((req.request_id, j), None)
 
     def _refresh_gauges(self) -> None:
         """Every gauge, in one place: after each step and each abort."""

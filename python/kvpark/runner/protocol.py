@@ -147,7 +147,10 @@ def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = No
         runner = load_runner_factory(config.model.runner)(config)
     else:
         runner = _built_in(config)
-    return check_runner(runner, config)
+    checked = check_runner(runner, config)
+    if config.model.chat_template is not None:  # --chat-template: whatever runner it is
+        checked.tokenizer.set_chat_template(config.model.chat_template)
+    return checked
 
 
 BUILT_IN_RUNNERS = (None, "auto", "native", "torch")

@@ -13,6 +13,7 @@ from typing import Literal
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_N = 16
+MAX_LOGIT_BIAS = 300  # entries per request (OpenAI's limit)
 
 
 class InvalidParameterError(ValueError):
@@ -24,6 +25,9 @@ class InvalidParameterError(ValueError):
 
 
 ConstraintKind = Literal["json_schema", "json_object", "gbnf", "regex", "choice", "lark"]
+CONSTRAINT_KINDS: frozenset[str] = frozenset(
+    ("json_schema", "json_object", "gbnf", "regex", "choice", "lark")
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus the top k
     n: int = 1
     skip_special_tokens: bool = True
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to logits
+    logit_bias: tuple[
+        tuple[int, float], ...
+    ] = ()  # (token id, bias in [-100, 100]) added to logits
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
     repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output (CTRL rule)
     constraint: Constraint | None = None  # structured output: a grammar the output must match
@@ -94,6 +100,35 @@ class SamplingParams:
         _check_int("n", self.n, 1, MAX_N)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParameterError("ignore_eos must be a boolean", "ignore_eos")
+        self._validate_new_fields(vocab_size)
+
+    def _validate_new_fields(self, vocab_size: int) -> None:
+        """logit_bias, min_tokens, repetition_penalty and the constraint's kind (the constraint's
+        text is compiled, and so checked, by ``kvpark.sampling.grammar``)."""
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidParameterError(
+                f"at most {MAX_LOGIT_BIAS} logit_bias entries", "logit_bias"
+            )
+        for entry in self.logit_bias:
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise InvalidParameterError("logit_bias maps token ids to biases", "logit_bias")
+            _check_int("logit_bias", entry[0], 0, vocab_size - 1)
+            _check_float("logit_bias", entry[1], -100.0, 100.0)
+        _check_int("min_tokens", self.min_tokens, 0, None)
+        if self.min_tokens > self.max_tokens:
+            raise InvalidParameterError(
+                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})",
+                "min_tokens",
+            )
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, 2.0)
+        if self.repetition_penalty == 0.0:
+            raise InvalidParameterError(
+                "repetition_penalty must be in (0, 2]", "repetition_penalty"
+            )
+        c = self.constraint
+        if c is not None and (not isinstance(c, Constraint) or c.kind not in CONSTRAINT_KINDS):
+            param = c.param if isinstance(c, Constraint) else "response_format"
+            raise InvalidParameterError(f"unknown constraint kind {c!r}", param)
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:

@@ -1,9 +1,15 @@
 """Turns a step's logits into tokens, one row at a time, each with its own generator.
 
-Order of processing, as vLLM and llama.cpp apply it: presence/frequency penalties, temperature,
-top-k, top-p, min-p, then a draw from the request's own ``torch.Generator``. Greedy rows take the
-argmax. Logprobs are those of the model's raw distribution (log-softmax of the logits before any
-processing), as the OpenAI API reports them.
+Order of processing: ``logit_bias`` added to the logits, then the masks (the grammar's allowed
+tokens, EOS and stop ids while ``min_tokens`` is not reached), then the repetition penalty (the CTRL
+rule: a logit of a token seen in the prompt or output is divided by the penalty if positive,
+multiplied by it if not) and the presence/frequency penalties, then temperature, top-k, top-p, min-p
+and a draw from the request's own ``torch.Generator``. Greedy rows take the argmax of the same
+processed logits. Logprobs are those of the model's raw distribution (log-softmax of the logits
+before any processing, bias and grammar included), as the OpenAI API reports them.
+
+A row whose masks leave no token at all draws :data:`DEAD_END` instead of a token: the engine ends
+the choice with the grammar's dead-end finish reason.
 
 Each row is processed on its own, so its result never depends on which other rows share the step.
 
@@ -15,6 +21,7 @@ copy per step; greedy rows and logprobs stay on the device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,12 +29,29 @@ import torch
 from kvpark.sampling.logprob import TokenLogprob
 from kvpark.sampling.params import SamplingParams
 
+DEAD_END = -1  # drawn by a row whose masks leave no token
+
 
 @dataclass
 class SampleRow:
     params: SamplingParams
     generators: list[torch.Generator]  # one per draw; several when a prompt forks into n choices
     output_ids: list[int]  # tokens generated so far (for the penalties)
+    prompt_ids: Sequence[int] = ()  # for the repetition penalty, which counts the prompt too
+    allowed: torch.Tensor | None = None  # CPU bool [vocab]: the tokens the grammar allows next
+    banned: tuple[int, ...] = ()  # EOS and stop_token_ids while min_tokens is not reached
+
+    @property
+    def plain(self) -> bool:
+        """Nothing to apply before the argmax or the draw (the greedy fast path)."""
+        p = self.params
+        return not (
+            _has_penalty(p)
+            or p.logit_bias
+            or p.repetition_penalty != 1.0
+            or self.allowed is not None
+            or self.banned
+        )
 
 
 def make_generator(seed: int, choice: int) -> torch.Generator:
@@ -44,7 +68,7 @@ def sample_rows(
     logits = logits.float()
     results: list[list[tuple[int, TokenLogprob | None]]] = []
     greedy_argmax: list[int] | None = None
-    if any(r.params.greedy and not _has_penalty(r.params) for r in rows):
+    if any(r.params.greedy and r.plain for r in rows):
         greedy_argmax = logits.argmax(dim=-1).tolist()
     drawing = [i for i, r in enumerate(rows) if not r.params.greedy]
     on_host = dict(zip(drawing, _to_host(logits, drawing), strict=True))
@@ -52,17 +76,53 @@ def sample_rows(
         raw = logits[i]
         p = row.params
         draws: list[int]
-        if p.greedy and not _has_penalty(p):
+        if p.greedy and row.plain:
             assert greedy_argmax is not None
             draws = [greedy_argmax[i]] * len(row.generators)
-        elif p.greedy:
-            draws = [int(_apply_penalties(raw, row.output_ids, p).argmax())] * len(row.generators)
         else:
-            probs = _filtered_probs(_apply_penalties(on_host[i], row.output_ids, p), p)
-            draws = [int(torch.multinomial(probs, 1, generator=g)) for g in row.generators]
+            processed = _process(raw if p.greedy else on_host[i], row)
+            if processed is None:
+                results.append([(DEAD_END, None)] * len(row.generators))
+                continue
+            if p.greedy:
+                draws = [int(processed.argmax())] * len(row.generators)
+            else:
+                probs = _filtered_probs(processed, p)
+                draws = [int(torch.multinomial(probs, 1, generator=g)) for g in row.generators]
         lp = _logprobs(raw, draws, p.logprobs) if p.logprobs is not None else [None] * len(draws)
         results.append(list(zip(draws, lp, strict=True)))
     return results
+
+
+def _process(logits: torch.Tensor, row: SampleRow) -> torch.Tensor | None:
+    """Bias, masks and penalties applied to one row (on its device); None when no token is left."""
+    p = row.params
+    out = logits
+    if p.logit_bias:
+        ids = torch.tensor([t for t, _ in p.logit_bias], device=out.device)
+        bias = torch.tensor([b for _, b in p.logit_bias], device=out.device, dtype=out.dtype)
+        out = out.index_add(0, ids, bias)
+    masked = row.allowed is not None or bool(row.banned)
+    if row.allowed is not None:
+        out = out.masked_fill(~row.allowed.to(out.device), float("-inf"))
+    if row.banned:
+        out = out.index_fill(0, torch.tensor(row.banned, device=out.device), float("-inf"))
+    if masked and not bool(torch.isfinite(out).any()):
+        return None
+    if p.repetition_penalty != 1.0:
+        out = _repetition_penalty(out, [*row.prompt_ids, *row.output_ids], p.repetition_penalty)
+    return _apply_penalties(out, row.output_ids, p)
+
+
+def _repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
+    """The CTRL rule (as Hugging Face and vLLM apply it): each token seen once or more is
+    penalised once, whatever its count."""
+    if not seen:
+        return logits
+    ids = torch.tensor(sorted(set(seen)), device=logits.device, dtype=torch.long)
+    picked = logits[ids]
+    penalised = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits.index_copy(0, ids, penalised)
 
 
 def _to_host(logits: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:

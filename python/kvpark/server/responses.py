@@ -5,6 +5,11 @@ A request of ``p`` prompts with ``n`` choices each has ``p * n`` choices; choice
 carries ``usage``, ``timings`` and, while preemption is on, ``preempt: {"parks", "recomputes"}``
 merged over all prompts. In a stream the chunk that finishes the last choice is held back until
 every prompt's :class:`FinishedEvent` is in, so it can carry them.
+
+With a :class:`ToolPlan` each chat choice runs its text through its own ``ToolCallParser``: chunks
+carry ``delta.tool_calls`` pieces (``tools_chunks.py``), the final object ``message.tool_calls``
+(``content`` null when the choice wrote no text besides its calls), and a choice that made calls
+and stopped finishes with ``tool_calls``. Logprobs stay those of every generated token.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from dataclasses import dataclass, field
 
 from kvpark.engine.outputs import FinishedEvent, TokenEvent, TokenLogprob
 from kvpark.server.protocol import Kind, TokenizerLike
+from kvpark.server.tools import ToolCallParser, ToolPlan
+from kvpark.server.tools_chunks import chat_delta, finish_reason, message_tool_calls
 
 JSON = dict[str, object]
 MIN_LOGPROB = -9999.0  # JSON has no -inf
@@ -27,6 +34,7 @@ class ChoiceState:
     finish_reason: str | None = None
     started: bool = False  # a chat stream sends the role with the first delta
     chars: int = 0  # length of the text so far: completions' logprobs.text_offset
+    parser: ToolCallParser | None = None  # a chat request with tools: its text's calls
 
 
 class Tally:
@@ -85,6 +93,7 @@ class ResponseBuilder:
         logprobs: bool = False,
         include_usage: bool = False,
         with_preempt: bool = False,
+        tools: ToolPlan | None = None,
     ) -> None:
         self.kind = kind
         self.request_id = request_id
@@ -96,6 +105,9 @@ class ResponseBuilder:
         self.with_preempt = with_preempt
         self.created = int(time.time())
         self.choices = [ChoiceState() for _ in range(n_prompts * n)]
+        if tools is not None and kind == "chat":
+            for choice in self.choices:
+                choice.parser = tools.parser()
         self.tally = Tally()
         self._held: JSON | None = None
         self._pieces: dict[int, tuple[str, list[int]]] = {}
@@ -115,7 +127,18 @@ class ResponseBuilder:
         choice.finish_reason = event.finish_reason
         if not (event.text or event.logprobs or event.finish_reason or not choice.started):
             return []
-        chunk = self._chunk(index, choice, event.text, event.logprobs, offset, event.finish_reason)
+        delta = None
+        if choice.parser is not None:
+            pieces = choice.parser.feed(event.text)
+            if event.finish_reason is not None:
+                pieces += choice.parser.finish()
+                choice.finish_reason = finish_reason(event.finish_reason, choice.parser.calls)
+            delta = chat_delta(pieces)
+            if not (delta or event.logprobs or event.finish_reason or not choice.started):
+                return []  # text held back while it may open a call
+        chunk = self._chunk(
+            index, choice, event.text, event.logprobs, offset, choice.finish_reason, delta
+        )
         choice.started = True
         if event.finish_reason is not None and all(c.finish_reason for c in self.choices):
             self._held = chunk
@@ -133,8 +156,14 @@ class ResponseBuilder:
         chunks = [] if self._held is None else [self._held]
         for index, choice in enumerate(self.choices):
             if choice.finish_reason is None:
+                delta = None
                 choice.finish_reason = "stop"
-                chunks.append(self._chunk(index, choice, "", None, choice.chars, "stop"))
+                if choice.parser is not None:
+                    delta = chat_delta(choice.parser.finish())
+                    choice.finish_reason = finish_reason("stop", choice.parser.calls)
+                chunks.append(
+                    self._chunk(index, choice, "", None, choice.chars, choice.finish_reason, delta)
+                )
         if self.include_usage or not chunks:
             chunks.append({**self._envelope(), "choices": [], "usage": self.tally.usage()})
         chunks[-1].update(self._extras())
@@ -170,10 +199,14 @@ class ResponseBuilder:
         logprobs: list[TokenLogprob] | None,
         offset: int,
         finish_reason: str | None,
+        parsed: JSON | None = None,
     ) -> JSON:
+        """``parsed``: a tools choice's delta fields, in place of the raw ``text``."""
         rendered = self._logprobs(logprobs, offset) if logprobs else None
         if self.kind == "chat":
             delta: JSON = {"content": text} if text or not choice.started else {}
+            if parsed is not None:
+                delta = parsed if parsed or choice.started else {"content": ""}
             if not choice.started:
                 delta = {"role": "assistant", **delta}
             entry: JSON = {"index": index, "delta": delta, "logprobs": rendered}
@@ -186,8 +219,16 @@ class ResponseBuilder:
         text = "".join(choice.text)
         rendered = self._logprobs(choice.logprobs, 0) if self.want_logprobs else None
         reason = choice.finish_reason or "stop"
+        if choice.parser is not None and choice.finish_reason is None:
+            choice.parser.finish()  # the engine ended it without a reason: flush what is held
+            reason = finish_reason(reason, choice.parser.calls)
         if self.kind == "chat":
             message: JSON = {"role": "assistant", "content": text}
+            if choice.parser is not None:
+                calls = choice.parser.calls
+                message["content"] = choice.parser.content or (None if calls else "")
+                if calls:
+                    message["tool_calls"] = message_tool_calls(calls)
             return {
                 "index": index,
                 "message": message,

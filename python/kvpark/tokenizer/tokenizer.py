@@ -118,15 +118,14 @@ class Tokenizer:
     def _template(self) -> jinja2.Template:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; send a completion prompt instead")
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=[_GenerationTag, jinja2.ext.loopcontrols],
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        return env.from_string(self.chat_template)
+        return compile_chat_template(self.chat_template)
+
+    def set_chat_template(self, source: str) -> None:
+        """Replace the model's chat template (``--chat-template``); ValueError if it does not
+        compile."""
+        template = compile_chat_template(source)
+        self.chat_template = source
+        self.__dict__["_template"] = template  # the cached_property's slot
 
     def apply_chat_template(
         self,
@@ -220,6 +219,23 @@ class Tokenizer:
             extra_eos_ids=extra,
             chat_template=md.get("tokenizer.chat_template"),
         )
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """A chat template compiled as transformers does (sandboxed, trim_blocks, lstrip_blocks);
+    ValueError naming the line of a syntax error."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template does not compile: line {exc.lineno}: {exc}") from exc
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> Backend:
