@@ -66,8 +66,11 @@ BAD_COMPLETIONS = [
     ({"prompt": "Hi", "logprobs": True}, "logprobs"),
     ({"prompt": "Hi", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "Hi", "stream_options": 3}, "stream_options"),
-    ({"prompt": "Hi", "echo": True}, "echo"),
-    ({"prompt": "Hi", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "Hi", "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "Hi", "logit_bias": {"a": 5}}, "logit_bias"),
+    ({"prompt": "Hi", "suffix": "!"}, "suffix"),
+    ({"prompt": "Hi", "grammar": 'root ::= "a"', "guided_regex": "a"}, "guided_regex"),
+    ({"prompt": "Hi", "no_such_field": 1}, "no_such_field"),
 ]
 
 
@@ -93,7 +96,10 @@ BAD_CHATS = [
     {"messages": HI, "logprobs": True, "top_logprobs": 50},
     {"messages": HI, "max_completion_tokens": -1},
     {"messages": HI, "tools": "none"},
-    {"messages": HI, "response_format": {"type": "json_object"}},
+    {"messages": HI, "response_format": {"type": "xml"}},
+    {"messages": HI, "functions": [{"name": "f"}]},
+    {"messages": HI, "no_such_field": 1},
+    {"messages": [{"role": "user", "content": "Hi", "no_such_field": 1}]},
 ]
 
 

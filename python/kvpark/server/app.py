@@ -27,6 +27,7 @@ from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from kvpark.server.auth import APIKeyMiddleware
 from kvpark.server.body import Fields, read_json
 from kvpark.server.disconnect import unless_disconnected
+from kvpark.server.echo import EchoBuilder
 from kvpark.server.errors import (
     APIError,
     api_error_response,
@@ -116,7 +117,7 @@ class Routes:
             except RequestRejected as exc:
                 raise APIError(exc.code, exc.message, exc.kind, exc.param) from None
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        builder = ResponseBuilder(
+        response = ResponseBuilder(
             kind,
             request_id,
             self.model_name,
@@ -126,7 +127,9 @@ class Routes:
             logprobs=req.params[0].logprobs is not None,
             include_usage=req.include_usage,
             with_preempt=self.preempt_enabled(),
+            tools=req.tools,
         )
+        builder = response if req.echo is None else EchoBuilder(response, req.echo)
         fan_in = FanIn(engine.generate, req.prompts, req.params, request_id, RequestRejected)
         if req.stream:
             # An ASGI app like any Response, with its own disconnect handling.
@@ -137,7 +140,7 @@ class Routes:
         return JSONResponse(result)
 
     async def _stream(
-        self, fan_in: FanIn, builder: ResponseBuilder, req: GenerationRequest
+        self, fan_in: FanIn, builder: ResponseBuilder | EchoBuilder, req: GenerationRequest
     ) -> AsyncGenerator[bytes, None]:
         def position(prompt: int) -> int | None:  # a queued prompt's current place
             return self.engine.queue_position(fan_in.engine_request_id(prompt))
@@ -219,7 +222,7 @@ class Routes:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
-async def _collect(fan_in: FanIn, builder: ResponseBuilder) -> dict[str, object]:
+async def _collect(fan_in: FanIn, builder: ResponseBuilder | EchoBuilder) -> dict[str, object]:
     """A non-streamed response: every event of every prompt, then the whole object.
 
     Waiting is not reported here (``QueuedEvent`` and park notices are ignored): the client gets

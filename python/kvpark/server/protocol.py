@@ -1,26 +1,41 @@
 """OpenAI request bodies -> prompt token ids and :class:`SamplingParams`.
 
-Parsing checks types (a wrong type is a 400 naming the field), turns the prompt forms into token-id
-lists and leaves ranges to :meth:`SamplingParams.validate`, so the limits live in one place.
-Everything the engine must judge (token ids inside the vocabulary, prompt plus ``max_tokens`` inside
-the context) is left to ``engine.check_request``. ``null`` means "not given" for every optional
-field, as in the OpenAI API.
+The bodies are the pydantic models of :mod:`kvpark.server.openai_bodies` (an unknown field or a
+wrong type is a 400 naming it); this module turns them into a :class:`GenerationRequest`: the
+prompt forms into token-id lists, the sampling fields into params whose ranges
+:meth:`SamplingParams.validate` checks, so the limits live in one place. Everything the engine must
+judge (token ids inside the vocabulary, prompt plus ``max_tokens`` inside the context) is left to
+``engine.check_request``. The Responses and Anthropic routes translate their bodies into a chat
+body and call :func:`parse_chat` too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from kvpark.sampling.params import InvalidParameterError, SamplingParams
-from kvpark.server.body import Fields
+from pydantic import ValidationError
+
+from kvpark.sampling.params import Constraint, InvalidParameterError, SamplingParams
 from kvpark.server.errors import bad_request
+from kvpark.server.openai_bodies import (
+    ChatCompletionBody,
+    ChatMessage,
+    CompletionBody,
+    SamplingBody,
+)
+from kvpark.server.openai_constraints import body_constraint
+from kvpark.server.openai_refusals import refuse_chat, refuse_completion
+from kvpark.server.prompts import completion_prompts
+from kvpark.server.schema import Body, validation_error
+
+if TYPE_CHECKING:
+    from kvpark.server.tools import ToolPlan
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
-MAX_PROMPTS = 64
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 Kind = Literal["chat", "completion"]
+B = TypeVar("B", bound=Body)
 
 
 class TokenizerLike(Protocol):
@@ -28,6 +43,9 @@ class TokenizerLike(Protocol):
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
@@ -54,6 +72,8 @@ class GenerationRequest:
     params: list[SamplingParams]
     stream: bool
     include_usage: bool
+    tools: ToolPlan | None = None  # chat with tools: how to render and parse the calls
+    echo: list[str] | None = None  # completions with echo: each prompt's text, output first
 
     @property
     def n(self) -> int:
@@ -63,178 +83,171 @@ class GenerationRequest:
 def parse_chat(
     body: dict[str, object], tokenizer: TokenizerLike, max_model_len: int
 ) -> GenerationRequest:
-    fields = Fields(body)
-    messages = _messages(body.get("messages"))
-    tools = body.get("tools")
-    if tools is not None and not (
-        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-    ):
-        raise bad_request("tools must be a list of objects", "tools")
-    top_logprobs = fields.integer("top_logprobs")
-    logprobs: int | None = None
-    if fields.boolean("logprobs", False):
-        logprobs = 0 if top_logprobs is None else top_logprobs
-    elif top_logprobs is not None:
+    chat = parse_openai_body(ChatCompletionBody, body)
+    refuse_chat(chat)
+    if chat.top_logprobs is not None and not chat.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-    _refuse_unsupported(fields)
+    logprobs = (0 if chat.top_logprobs is None else chat.top_logprobs) if chat.logprobs else None
+    messages = [_message(m) for m in chat.messages]
+    constraint = body_constraint(chat)
+    plan = _tool_plan(chat, messages, tokenizer)
+    template_tools = chat.tools
+    if plan is not None:
+        if constraint is not None and plan.constraint is not None:
+            raise bad_request(
+                f"tools constrain the output; {constraint.param} cannot as well", constraint.param
+            )
+        messages, template_tools = plan.messages, plan.template_tools
+        constraint = constraint or plan.constraint
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tools=template_tools
+        )
     except Exception as exc:  # the template's raise_exception: alternating roles and the like
         raise bad_request(f"the chat template refused the messages: {exc}", "messages") from None
     prompt = tokenizer.encode(text, add_special_tokens=False)
-    return _request("chat", fields, [prompt], logprobs, None, tokenizer.vocab_size, max_model_len)
+    max_tokens = chat.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = chat.max_tokens
+    request = _request(
+        "chat", chat, [prompt], logprobs, max_tokens, None, constraint, tokenizer, max_model_len
+    )
+    return replace(request, tools=plan)
 
 
 def parse_completion(
     body: dict[str, object], tokenizer: TokenizerLike, max_model_len: int
 ) -> GenerationRequest:
-    fields = Fields(body)
-    if fields.boolean("echo", False):
-        raise bad_request("echo is not supported", "echo")
-    if fields.has("suffix"):
-        raise bad_request("suffix is not supported", "suffix")
-    _refuse_unsupported(fields)
-    prompts = _prompts(body.get("prompt"), tokenizer)
-    logprobs = fields.integer("logprobs")
-    return _request(
+    completion = parse_openai_body(CompletionBody, body)
+    refuse_completion(completion)
+    prompts, texts = completion_prompts(completion.prompt, completion.suffix, tokenizer)
+    request = _request(
         "completion",
-        fields,
+        completion,
         prompts,
-        logprobs,
+        completion.logprobs,
+        completion.max_tokens,
         COMPLETION_DEFAULT_MAX_TOKENS,
-        tokenizer.vocab_size,
+        body_constraint(completion),
+        tokenizer,
         max_model_len,
     )
+    if not completion.echo:
+        return request
+    return replace(request, echo=texts or [_echo_text(p, tokenizer) for p in prompts])
+
+
+def parse_openai_body(model: type[B], body: dict[str, object]) -> B:
+    """``body`` as ``model``; a 400 whose ``param`` is the top-level field at fault (pydantic's
+    location also names union members, ``stop.str``, which no client would recognise)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        error = validation_error(exc)
+        loc = exc.errors()[0]["loc"]
+        raise bad_request(error.message, str(loc[0]) if loc else None) from None
 
 
 def _request(
     kind: Kind,
-    fields: Fields,
+    body: SamplingBody,
     prompts: list[list[int]],
     logprobs: int | None,
+    max_tokens: int | None,
     default_max_tokens: int | None,
-    vocab_size: int,
+    constraint: Constraint | None,
+    tokenizer: TokenizerLike,
     max_model_len: int,
 ) -> GenerationRequest:
-    max_tokens = fields.integer("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = fields.integer("max_tokens")
-    stream = fields.boolean("stream", False)
-    include_usage = Fields(fields.object("stream_options")).boolean("include_usage", False)
-    stop_token_ids = fields.body.get("stop_token_ids")
-    if stop_token_ids is not None and not (
-        isinstance(stop_token_ids, list)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids)
-    ):
-        raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
-    n = fields.integer("n")
+    stop = body.stop if body.stop is not None else ()
     base = SamplingParams(
         max_tokens=1 if max_tokens is None else max_tokens,
-        temperature=fields.number("temperature", 1.0),
-        top_p=fields.number("top_p", 1.0),
-        top_k=_or(fields.integer("top_k"), 0),
-        min_p=fields.number("min_p", 0.0),
-        presence_penalty=fields.number("presence_penalty", 0.0),
-        frequency_penalty=fields.number("frequency_penalty", 0.0),
-        seed=fields.integer("seed"),
-        stop=fields.strings("stop"),
-        stop_token_ids=tuple(stop_token_ids or ()),
-        ignore_eos=fields.boolean("ignore_eos", False),
+        temperature=_or(body.temperature, 1.0),
+        top_p=_or(body.top_p, 1.0),
+        top_k=_or(body.top_k, 0),
+        min_p=_or(body.min_p, 0.0),
+        presence_penalty=_or(body.presence_penalty, 0.0),
+        frequency_penalty=_or(body.frequency_penalty, 0.0),
+        seed=body.seed,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=_or(body.ignore_eos, False),
         logprobs=logprobs,
-        n=_or(n, 1),
+        n=_or(body.n, 1),
+        logit_bias=_logit_bias(body.logit_bias),
+        min_tokens=_or(body.min_tokens, 0),
+        repetition_penalty=_or(body.repetition_penalty, 1.0),
+        constraint=constraint,
     )
     try:
-        base.validate(vocab_size)
+        base.validate(tokenizer.vocab_size)
     except InvalidParameterError as exc:
-        param = "logprobs" if kind == "completion" and exc.param == "top_logprobs" else exc.param
-        message = str(exc).replace("top_logprobs", param)
-        raise bad_request(message, param) from None
+        param = exc.param
+        if param == "top_logprobs" and kind == "completion":
+            param = "logprobs"
+        elif param == "max_tokens" and kind == "chat" and body.max_tokens is None:
+            param = "max_completion_tokens"
+        raise bad_request(str(exc).replace(exc.param, param), param) from None
     params = []
     for prompt in prompts:
         limit = max_tokens if max_tokens is not None else default_max_tokens
         if limit is None:  # chat without a limit: the rest of the context
             limit = max(1, max_model_len - len(prompt))
         params.append(replace(base, max_tokens=limit))
+    stream = _or(body.stream, False)
+    include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
     return GenerationRequest(kind, prompts, params, stream, include_usage and stream)
 
 
-def _or(value: int | None, default: int) -> int:
+T = TypeVar("T", int, float, bool)
+
+
+def _or(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
-def _refuse_unsupported(fields: Fields) -> None:
-    """Fields we would otherwise silently ignore although they change the output."""
-    if fields.object("logit_bias"):
-        raise bad_request("logit_bias is not supported", "logit_bias")
-    best_of = fields.integer("best_of")
-    if best_of is not None and best_of not in (1, _or(fields.integer("n"), 1)):
-        raise bad_request("best_of is not supported", "best_of")
-    response_format = Fields(fields.object("response_format")).string("type")
-    if response_format not in (None, "text"):
-        raise bad_request(
-            f"response_format {response_format!r} is not supported", "response_format"
-        )
+def _echo_text(prompt: list[int], tokenizer: TokenizerLike) -> str:
+    """A token-id prompt's text for echo; ids outside the vocabulary are the engine's 400."""
+    if not all(0 <= t < tokenizer.vocab_size for t in prompt):
+        return ""  # engine.check_request refuses this prompt before anything is generated
+    return tokenizer.decode(prompt)
 
 
-def _messages(value: object) -> list[dict[str, object]]:
-    if not isinstance(value, list) or not value:
-        raise bad_request("messages must be a non-empty list", "messages")
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise bad_request(f"messages[{i}] must be an object", "messages")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", "messages")
-        messages.append({**message, "content": _content(message.get("content"), i)})
-    return messages
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """Token-id strings -> (id, bias) pairs; the ids' and biases' ranges are validate's."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+        pairs.append((int(key), float(value)))
+    return tuple(sorted(pairs))
 
 
-def _content(content: object, i: int) -> str:
-    """A message's content as text: a string, ``null`` or a list of text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+def _message(message: ChatMessage) -> dict[str, Any]:
+    """A turn as the chat template wants it: content as text, the tool fields kept."""
+    out = message.model_dump(exclude_none=True, by_alias=True)
+    content = message.content
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise bad_request(
-                    f"messages[{i}]: only text content parts are supported", "messages"
-                )
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise bad_request(f"messages[{i}]: a text part needs a string 'text'", "messages")
-            texts.append(text)
-        return "".join(texts)
-    raise bad_request(f"messages[{i}].content must be a string or a list of parts", "messages")
+        out["content"] = "".join(part.text for part in content)
+    elif content is None:
+        # an assistant turn that only calls tools has no content; others have empty text
+        out["content"] = None if message.tool_calls else ""
+    return out
 
 
-def _prompts(value: object, tokenizer: TokenizerLike) -> list[list[int]]:
-    """string | [string, ...] | [id, ...] | [[id, ...], ...] -> one token-id list per prompt."""
-    if isinstance(value, str):
-        prompts = [tokenizer.encode(value, add_special_tokens=True)]
-    elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
-        prompts = [tokenizer.encode(p, add_special_tokens=True) for p in value]
-    elif isinstance(value, list) and value and all(_is_ids(p) for p in value):
-        prompts = [list(value)]
-    elif isinstance(value, list) and value and all(isinstance(p, list) for p in value):
-        if not all(_is_ids(t) for p in value for t in p):
-            raise bad_request("prompt token ids must be integers", "prompt")
-        prompts = [list(p) for p in value]
-    else:
-        raise bad_request(
-            "prompt must be a string, a list of strings, a list of token ids "
-            "or a list of token-id lists",
-            "prompt",
-        )
-    if len(prompts) > MAX_PROMPTS:
-        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", "prompt")
-    if any(not p for p in prompts):
-        raise bad_request("a prompt is empty", "prompt")
-    return prompts
+def _tool_plan(
+    chat: ChatCompletionBody, messages: list[dict[str, Any]], tokenizer: TokenizerLike
+) -> ToolPlan | None:
+    if chat.tools is None and chat.tool_choice is None:
+        if chat.parallel_tool_calls is not None:  # nothing to run in parallel: not ignored
+            raise bad_request("parallel_tool_calls needs tools", "parallel_tool_calls")
+        return None
+    from kvpark.server.tools import plan_tools  # the tools layer imports this module's types
 
-
-def _is_ids(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return plan_tools(
+        messages,
+        chat.tools,
+        chat.tool_choice,
+        chat.parallel_tool_calls,
+        tokenizer.chat_template or "",
+    )
