@@ -156,7 +156,7 @@ class LLMEngine:
         allowed = self.grammars.state(c).allowed(self.vocab_size)
         if not allowed.any():
             raise InvalidParameterError("the constraint allows no output at all", c.param)
-        banned = self._min_tokens_ban(params)
+        banned = self._min_tokens_ban(params) if params.min_tokens > 0 else ()
         if banned and not allowed.index_fill(0, torch.tensor(banned), False).any():
             raise InvalidParameterError(
                 "min_tokens cannot be met: the constraint allows only its end", "min_tokens"

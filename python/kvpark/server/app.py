@@ -113,7 +113,7 @@ class Routes:
         # prompts are added (a full queue's 503 is then their first event, still a plain answer).
         for prompt, params in zip(req.prompts, req.params, strict=True):
             try:
-                engine.check_request(prompt, params)
+                await run_in_threadpool(engine.check_request, prompt, params)  # compiles grammars
             except RequestRejected as exc:
                 raise APIError(exc.code, exc.message, exc.kind, exc.param) from None
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
