@@ -28,10 +28,9 @@ from kvpark.server.messages_api_body import MessagesBody
 from kvpark.server.messages_api_chat import chat_body
 from kvpark.server.messages_api_errors import ANTHROPIC, anthropic_error_response
 from kvpark.server.messages_api_events import MessageBuilder
-from kvpark.server.protocol import GenerationRequest, parse_chat
+from kvpark.server.protocol import parse_chat
 from kvpark.server.schema import parse_body
 from kvpark.server.sse import SSEResponse, sse_frames
-from kvpark.server.tools import ToolPlan
 
 if TYPE_CHECKING:
     from kvpark.server.app import Routes
@@ -73,7 +72,7 @@ async def _create(routes: Routes, request: Request) -> Response:
         raise _renamed(error) from None
     for prompt, params in zip(req.prompts, req.params, strict=True):
         try:
-            engine.check_request(prompt, params)
+            await run_in_threadpool(engine.check_request, prompt, params)  # compiles grammars
         except RequestRejected as exc:
             raise _renamed(APIError(exc.code, exc.message, exc.kind, exc.param)) from None
     message_id = f"msg_{uuid.uuid4().hex}"
@@ -83,7 +82,7 @@ async def _create(routes: Routes, request: Request) -> Response:
         len(req.prompts[0]),
         req.params[0].stop,
         engine.tokenizer,
-        _tool_plan(req),
+        req.tools,
         with_preempt=routes.preempt_enabled(),
     )
     fan_in = FanIn(engine.generate, req.prompts, req.params, message_id, RequestRejected)
@@ -94,13 +93,6 @@ async def _create(routes: Routes, request: Request) -> Response:
     if result is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     return JSONResponse(result)
-
-
-def _tool_plan(req: GenerationRequest) -> ToolPlan | None:
-    # The bodies and tools branches add ``tools`` (a ToolPlan or None) to the parsed request;
-    # read defensively so this route also runs on a parser without tool support.
-    plan = getattr(req, "tools", None)
-    return plan if isinstance(plan, ToolPlan) else None
 
 
 def _renamed(error: APIError) -> APIError:

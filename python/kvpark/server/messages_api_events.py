@@ -186,6 +186,8 @@ class MessageBuilder:
             sequence = self._matched_stop()
             if sequence is not None:
                 return "stop_sequence", sequence
+        if self.finish_reason not in (None, "stop", "abort"):
+            return self.finish_reason, None  # the engine's own reason (grammar_dead_end): said
         return "end_turn", None
 
     def _matched_stop(self) -> str | None:
