@@ -7,7 +7,9 @@ arguments) and ``content_block_stop``, then ``message_delta`` (stop reason, usag
 request is built from the same blocks, so both agree by construction.
 
 With tools, a choice's text goes through the request's :class:`ToolCallParser`: text comes out as
-text blocks and each call as a ``tool_use`` block (``input`` parsed from the call's arguments).
+text blocks and each call as a ``tool_use`` block (``input`` parsed from the call's arguments). A
+call that ``max_tokens`` cut short ends the message with ``stop_reason: "max_tokens"``; its block
+keeps ``input: {}`` and the arguments text generated so far as ``partial_input``.
 
 Stop sequences: the engine cuts a matched stop string from the text without saying which one
 matched. The generated token ids still hold it, so the sequence is found by decoding them and
@@ -173,15 +175,18 @@ class MessageBuilder:
         if block["type"] != "tool_use":
             return dict(block)
         arguments = self.arguments.get(index, "") or "{}"
-        return {**block, "input": json.loads(arguments)}
+        try:
+            return {**block, "input": json.loads(arguments)}
+        except ValueError:  # cut short by max_tokens: what was generated, not a made-up object
+            return {**block, "input": {}, "partial_input": arguments}
 
     # -- the end --------------------------------------------------------------------------------
 
     def _stop_reason(self) -> tuple[str, str | None]:
+        if self.finish_reason == "length":  # a call cut short is no call to run
+            return "max_tokens", None
         if any(b["type"] == "tool_use" for b in self.blocks):
             return "tool_use", None
-        if self.finish_reason == "length":
-            return "max_tokens", None
         if self.finish_reason == "stop" and self.stop:
             sequence = self._matched_stop()
             if sequence is not None:
