@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
@@ -111,12 +112,8 @@ def test_system_and_text_blocks(server: Server) -> None:
         {"type": "text", "text": "Count from one to ten"},
         {"type": "text", "text": "in words."},
     ]
-    message = c.messages.create(
-        model="default",
-        max_tokens=8,
-        messages=[{"role": "user", "content": blocks}],
-        extra_body=GREEDY,
-    )
+    turn: dict[str, Any] = {"role": "user", "content": blocks}
+    message = c.messages.create(**(ask("", 8) | {"messages": [turn]}), extra_body=GREEDY)
     assert text_of(message).strip()
 
 
@@ -143,13 +140,9 @@ def test_tool_results_reach_the_prompt(server: Server) -> None:
                 "content": [{"type": "tool_result", "tool_use_id": "toolu_1", **result}],
             },
         ]
-        m = client(server).messages.create(
-            model="default",
-            max_tokens=4,
-            messages=turns,
-            extra_body=GREEDY,  # type: ignore[arg-type]
-        )
-        return m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+        body: dict[str, Any] = {"model": "default", "max_tokens": 4, "messages": turns}
+        m = client(server).messages.create(**body, extra_body=GREEDY)
+        return int(m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0))
 
     sunny = prompt_tokens({"content": "sunny"})
     long = prompt_tokens({"content": [{"type": "text", "text": "sunny, 24 degrees, light wind"}]})

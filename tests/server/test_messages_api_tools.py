@@ -106,24 +106,17 @@ def test_two_step_tool_loop(server: Server) -> None:
             ],
         },
     ]
-    second = c.messages.create(
-        model="default",
-        max_tokens=48,
-        messages=turns,
-        tools=[WEATHER, TIME],  # type: ignore[list-item]
-        tool_choice={"type": "none"},
-        extra_body=GREEDY,
-    )
+    body: dict[str, Any] = {
+        "model": "default",
+        "max_tokens": 48,
+        "messages": turns,
+        "tools": [WEATHER, TIME],
+        "tool_choice": {"type": "none"},
+    }
+    second = c.messages.create(**body, extra_body=GREEDY)
     assert second.stop_reason in ("end_turn", "max_tokens")
     assert text_of(second).strip()
-    with c.messages.stream(
-        model="default",
-        max_tokens=48,
-        messages=turns,
-        tools=[WEATHER, TIME],  # type: ignore[list-item]
-        tool_choice={"type": "none"},
-        extra_body=GREEDY,
-    ) as stream:
+    with c.messages.stream(**body, extra_body=GREEDY) as stream:
         assert text_of(stream.get_final_message()) == text_of(second)
 
 
