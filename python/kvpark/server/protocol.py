@@ -195,6 +195,8 @@ def _request(
             limit = max(1, max_model_len - len(prompt))
         params.append(replace(base, max_tokens=limit))
     stream = _or(body.stream, False)
+    if body.stream_options is not None and not stream:  # as OpenAI: it would change nothing
+        raise bad_request("stream_options needs stream: true", "stream_options")
     include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
     return GenerationRequest(kind, prompts, params, stream, include_usage and stream)
 
@@ -230,8 +232,8 @@ def _message(message: ChatMessage) -> dict[str, Any]:
     if isinstance(content, list):
         out["content"] = "".join(part.text for part in content)
     elif content is None:
-        # an assistant turn that only calls tools has no content; others have empty text
-        out["content"] = None if message.tool_calls else ""
+        # an assistant turn that only calls tools has none; templates index content, so text
+        out["content"] = ""
     return out
 
 

@@ -206,7 +206,7 @@ class ResponseBuilder:
         if self.kind == "chat":
             delta: JSON = {"content": text} if text or not choice.started else {}
             if parsed is not None:
-                delta = parsed if parsed or choice.started else {"content": ""}
+                delta = parsed  # no "content" yet: it stays null while only calls come
             if not choice.started:
                 delta = {"role": "assistant", **delta}
             entry: JSON = {"index": index, "delta": delta, "logprobs": rendered}

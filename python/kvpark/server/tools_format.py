@@ -19,6 +19,9 @@ from kvpark.server.tools_parser import CLOSE, OPEN
 
 JSON = dict[str, Any]
 ANY_OBJECT: JSON = {"type": "object"}
+# JSON laid out as one line, as the grammar helper's structured outputs are: a small model given
+# free whitespace fills a call with newlines and indents
+COMPACT: JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def describe_tools(tools: list[JSON], choice: str, forced: str | None) -> str:
@@ -85,6 +88,7 @@ def calls_grammar(tools: list[JSON], parallel: bool, text_allowed: bool) -> str:
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
+            "x-guidance": COMPACT,
         }
         rules.append(f"call_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
         names.append(f"call_{i}")

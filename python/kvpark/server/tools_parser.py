@@ -104,7 +104,7 @@ class ToolCallParser:
 
     def feed(self, text: str) -> list[Delta]:
         if not self.parse:
-            return self._text(text)
+            return self._emit(text) if text else []
         self._buffer += text
         out: list[Delta] = []
         while True:
