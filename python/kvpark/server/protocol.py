@@ -161,7 +161,7 @@ def _request(
 ) -> GenerationRequest:
     stop = body.stop if body.stop is not None else ()
     base = SamplingParams(
-        max_tokens=1 if max_tokens is None else max_tokens,
+        max_tokens=1,  # each prompt's limit is set below
         temperature=_or(body.temperature, 1.0),
         top_p=_or(body.top_p, 1.0),
         top_k=_or(body.top_k, 0),
@@ -179,8 +179,15 @@ def _request(
         repetition_penalty=_or(body.repetition_penalty, 1.0),
         constraint=constraint,
     )
-    try:
-        base.validate(tokenizer.vocab_size)
+    params = []
+    for prompt in prompts:
+        limit = max_tokens if max_tokens is not None else default_max_tokens
+        if limit is None:  # chat without a limit: the rest of the context
+            limit = max(1, max_model_len - len(prompt))
+        params.append(replace(base, max_tokens=limit))
+    try:  # each prompt's own: limits such as min_tokens <= max_tokens need the final max_tokens
+        for one in params:
+            one.validate(tokenizer.vocab_size)
     except InvalidParameterError as exc:
         param = exc.param
         if param == "top_logprobs" and kind == "completion":
@@ -188,12 +195,6 @@ def _request(
         elif param == "max_tokens" and kind == "chat" and body.max_tokens is None:
             param = "max_completion_tokens"
         raise bad_request(str(exc).replace(exc.param, param), param) from None
-    params = []
-    for prompt in prompts:
-        limit = max_tokens if max_tokens is not None else default_max_tokens
-        if limit is None:  # chat without a limit: the rest of the context
-            limit = max(1, max_model_len - len(prompt))
-        params.append(replace(base, max_tokens=limit))
     stream = _or(body.stream, False)
     if body.stream_options is not None and not stream:  # as OpenAI: it would change nothing
         raise bad_request("stream_options needs stream: true", "stream_options")
