@@ -38,6 +38,8 @@ from kvpark.server.errors import (
     log,
 )
 from kvpark.server.fanout import FanIn
+from kvpark.server.messages_api import METHODS as MESSAGES_METHODS
+from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
 from kvpark.server.protocol import GenerationRequest, Kind, parse_chat, parse_completion
 from kvpark.server.responses import ResponseBuilder
@@ -101,6 +103,9 @@ class Routes:
 
     async def responses(self, request: Request) -> Response:
         return await create_response(self, request)
+
+    async def messages(self, request: Request) -> Response:  # Anthropic's errors, all methods
+        return await create_message(self, request)
 
     async def _generate(self, request: Request, kind: Kind) -> Response:
         engine = self.ready_engine()
@@ -273,6 +278,7 @@ def build_app(
         Route("/v1/completions", _guard(r.completions), methods=["POST"]),
         Route("/v1/embeddings", _guard(r.embeddings), methods=["POST"]),
         Route("/v1/responses", _guard(r.responses), methods=["POST"]),
+        Route("/v1/messages", _guard(r.messages), methods=MESSAGES_METHODS),
         Route("/tokenize", _guard(r.tokenize), methods=["POST"]),
         Route("/detokenize", _guard(r.detokenize), methods=["POST"]),
         Route("/props", _guard(r.props), methods=["GET"]),
