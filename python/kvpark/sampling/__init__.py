@@ -1,3 +1,3 @@
-"""Sampling: SamplingParams and their validation, logits -> tokens with per-request generators.
-Imports config only.
+"""Sampling: SamplingParams and their validation, logits -> tokens with per-request generators and
+grammar masks. Imports config and tokenizer (a grammar is compiled over the served tokenizer).
 """
