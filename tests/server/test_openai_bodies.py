@@ -10,6 +10,7 @@ refusals that need no model to run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from kvpark.server.protocol import TokenizerLike, parse_chat, parse_completion
 from kvpark.tokenizer.tokenizer import Tokenizer
 
 HI = [{"role": "user", "content": "Hi"}]
+HERMES = Path(__file__).resolve().parents[1] / "data" / "hermes_tools.jinja"
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
 
@@ -98,6 +100,7 @@ class Recording:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.chat_template = tokenizer.chat_template
         self.rendered: list[list[dict[str, Any]]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -108,7 +111,25 @@ class Recording:
         return self.tokenizer.apply_chat_template(messages, *args, **kw)
 
 
-def test_tool_turns_keep_their_fields_for_the_template(tokenizer: Tokenizer) -> None:
+def test_tool_turns_keep_their_fields_for_a_template_with_tool_syntax(tokenizer: Tokenizer) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        *HI,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "f", "content": "42"},
+    ]
+    recording = Recording(tokenizer)
+    recording.chat_template = HERMES.read_text()  # a template that renders tools itself
+    parse_chat({"messages": messages}, recording, 1024)  # type: ignore[arg-type]
+    seen = recording.rendered
+    # null content is empty text: templates read message.content whether or not there are calls
+    assert seen[0][1] == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert seen[0][2] == {"role": "tool", "tool_call_id": "call_1", "name": "f", "content": "42"}
+
+
+def test_a_tool_loops_last_turn_without_tools_keeps_its_history(tokenizer: Tokenizer) -> None:
+    """The default template has no tool syntax: the earlier call and its result are rendered in the
+    generic format the model saw them in, even when the last request sends no tools."""
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [
         *HI,
@@ -117,10 +138,11 @@ def test_tool_turns_keep_their_fields_for_the_template(tokenizer: Tokenizer) -> 
     ]
     recording = Recording(tokenizer)
     parse_chat({"messages": messages}, recording, 1024)  # type: ignore[arg-type]
-    seen = recording.rendered
-    # null content is empty text: templates read message.content whether or not there are calls
-    assert seen[0][1] == {"role": "assistant", "content": "", "tool_calls": [call]}
-    assert seen[0][2] == {"role": "tool", "tool_call_id": "call_1", "name": "f", "content": "42"}
+    rendered = recording.rendered[0]
+    assert rendered[1]["role"] == "assistant" and '"name":"f"' in rendered[1]["content"].replace(
+        " ", ""
+    )
+    assert rendered[2] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
 
 
 def test_echo_keeps_each_prompts_text(tokenizer: Tokenizer) -> None:

@@ -205,6 +205,22 @@ def test_tokenize_detokenize_round_trip(server: Server) -> None:
     assert special.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/tokenize", {"content": "Hi", "parse_special": True}, "parse_special"),
+        ("/tokenize", {"content": 3}, "content"),
+        ("/detokenize", {"tokens": [1], "with_pieces": True}, "with_pieces"),
+    ],
+)
+def test_the_utility_routes_refuse_what_they_do_not_know(
+    server: Server, route: str, body: dict[str, object], param: str
+) -> None:
+    answer = httpx.post(f"{server.base_url}{route}", json=body)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == param
+
+
 def test_props(server: Server) -> None:
     props = httpx.get(f"{server.base_url}/props").json()
     assert props["pool"] == {"kv_cells": 4096, "page_size": 16, "parallel": 4}

@@ -32,7 +32,6 @@ from kvpark.server.embeddings import create_embeddings
 from kvpark.server.errors import (
     APIError,
     api_error_response,
-    bad_request,
     http_error_response,
     internal_error_response,
     log,
@@ -45,6 +44,7 @@ from kvpark.server.protocol import GenerationRequest, Kind, parse_chat, parse_co
 from kvpark.server.responses import ResponseBuilder
 from kvpark.server.responses_api import create_response
 from kvpark.server.sse import SSEResponse, sse_frames
+from kvpark.server.tokenize_api import detokenize, tokenize
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
@@ -173,32 +173,13 @@ class Routes:
 
     async def tokenize(self, request: Request) -> Response:
         engine = self.ready_engine()
-        fields = Fields(await read_json(request, self.config.max_body_bytes))
-        content = fields.string("content")
-        if content is None:
-            raise bad_request("content must be a string", "content")
-        add_special = fields.boolean("add_special", False)
-        tokens = await run_in_threadpool(
-            engine.tokenizer.encode, content, add_special_tokens=add_special
-        )
-        if fields.boolean("with_pieces", False):
-            pieces = [{"id": t, "piece": engine.tokenizer.token_to_str(t)} for t in tokens]
-            return JSONResponse({"tokens": pieces})
-        return JSONResponse({"tokens": tokens})
+        body = await read_json(request, self.config.max_body_bytes)
+        return JSONResponse(await tokenize(body, engine.tokenizer))
 
     async def detokenize(self, request: Request) -> Response:
         engine = self.ready_engine()
-        tokens = (await read_json(request, self.config.max_body_bytes)).get("tokens")
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in tokens
-        ):
-            raise bad_request("tokens must be a list of integers", "tokens")
-        bad = [t for t in tokens if not 0 <= t < engine.vocab_size]
-        if bad:
-            raise bad_request(
-                f"invalid tokens: {bad[:8]} outside [0, {engine.vocab_size})", "tokens"
-            )
-        return JSONResponse({"content": engine.tokenizer.decode(tokens)})
+        body = await read_json(request, self.config.max_body_bytes)
+        return JSONResponse(detokenize(body, engine.tokenizer))
 
     async def health(self, request: Request) -> Response:
         self.ready_engine()

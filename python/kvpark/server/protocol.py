@@ -241,10 +241,8 @@ def _message(message: ChatMessage) -> dict[str, Any]:
 def _tool_plan(
     chat: ChatCompletionBody, messages: list[dict[str, Any]], tokenizer: TokenizerLike
 ) -> ToolPlan | None:
-    if chat.tools is None and chat.tool_choice is None:
-        if chat.parallel_tool_calls is not None:  # nothing to run in parallel: not ignored
-            raise bad_request("parallel_tool_calls needs tools", "parallel_tool_calls")
-        return None
+    # Always planned, tools or not: a tool loop's last turn may come without tools, and its
+    # earlier calls and results must still be rendered in the format the model saw them in.
     from kvpark.server.tools import plan_tools  # the tools layer imports this module's types
 
     return plan_tools(
