@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -23,7 +23,6 @@ from starlette.routing import Route
 
 from kvpark.config.layers import ServerConfig
 from kvpark.engine.llm_engine import RequestRejected
-from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from kvpark.server.auth import APIKeyMiddleware
 from kvpark.server.body import Fields, read_json
 from kvpark.server.disconnect import unless_disconnected
@@ -40,10 +39,11 @@ from kvpark.server.fanout import FanIn
 from kvpark.server.messages_api import METHODS as MESSAGES_METHODS
 from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
-from kvpark.server.protocol import GenerationRequest, Kind, parse_chat, parse_completion
+from kvpark.server.protocol import Kind, parse_chat, parse_completion
+from kvpark.server.relay import collect, stream_frames
 from kvpark.server.responses import ResponseBuilder
 from kvpark.server.responses_api import create_response
-from kvpark.server.sse import SSEResponse, sse_frames
+from kvpark.server.sse import SSEResponse
 from kvpark.server.tokenize_api import detokenize, tokenize
 
 if TYPE_CHECKING:
@@ -138,31 +138,13 @@ class Routes:
         fan_in = FanIn(engine.generate, req.prompts, req.params, request_id, RequestRejected)
         if req.stream:
             # An ASGI app like any Response, with its own disconnect handling.
-            return SSEResponse(self._stream(fan_in, builder, req))  # type: ignore[return-value]
-        result = await unless_disconnected(request.receive, _collect(fan_in, builder))
-        if result is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(result)
-
-    async def _stream(
-        self, fan_in: FanIn, builder: ResponseBuilder | EchoBuilder, req: GenerationRequest
-    ) -> AsyncGenerator[bytes, None]:
-        def position(prompt: int) -> int | None:  # a queued prompt's current place
-            return self.engine.queue_position(fan_in.engine_request_id(prompt))
-
-        async with fan_in as events:
-            frames = sse_frames(
-                events,
-                builder,
-                self.config.sse_ping_interval,
-                len(req.prompts) > 1,
-                position=position,
+            frames = stream_frames(
+                engine, fan_in, builder, self.config.sse_ping_interval, len(req.prompts) > 1
             )
-            try:
-                async for frame in frames:
-                    yield frame
-            finally:
-                await frames.aclose()
+            return SSEResponse(frames)  # type: ignore[return-value]
+        if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(builder.response())
 
     async def embeddings(self, request: Request) -> Response:
         engine = self.ready_engine()
@@ -211,24 +193,6 @@ class Routes:
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
-
-
-async def _collect(fan_in: FanIn, builder: ResponseBuilder | EchoBuilder) -> dict[str, object]:
-    """A non-streamed response: every event of every prompt, then the whole object.
-
-    Waiting is not reported here (``QueuedEvent`` and park notices are ignored): the client gets
-    one answer at the end whatever happened before it."""
-    async with fan_in as events:
-        while (item := await events.next(None)) != "end":
-            assert not isinstance(item, str)
-            event = item.event
-            if isinstance(event, TokenEvent):
-                builder.on_tokens(item.prompt, event)
-            elif isinstance(event, FinishedEvent):
-                builder.on_finished(event)
-            elif isinstance(event, ErrorEvent):
-                raise APIError(event.code, event.message, event.kind)
-    return builder.response()
 
 
 def _guard(handler: Handler) -> Handler:

@@ -11,7 +11,6 @@ on this route, 401 included (:mod:`kvpark.server.auth`), is in Anthropic's shape
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
@@ -19,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kvpark.engine.llm_engine import RequestRejected
-from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from kvpark.server.body import read_json
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError, log
@@ -29,8 +27,9 @@ from kvpark.server.messages_api_chat import chat_body
 from kvpark.server.messages_api_errors import ANTHROPIC, anthropic_error_response
 from kvpark.server.messages_api_events import MessageBuilder
 from kvpark.server.protocol import parse_chat
+from kvpark.server.relay import collect, stream_frames
 from kvpark.server.schema import parse_body
-from kvpark.server.sse import SSEResponse, sse_frames
+from kvpark.server.sse import SSEResponse
 
 if TYPE_CHECKING:
     from kvpark.server.app import Routes
@@ -87,12 +86,12 @@ async def _create(routes: Routes, request: Request) -> Response:
     )
     fan_in = FanIn(engine.generate, req.prompts, req.params, message_id, RequestRejected)
     if body.stream:
-        frames = _stream(routes, fan_in, builder)
+        interval = routes.config.sse_ping_interval
+        frames = stream_frames(engine, fan_in, builder, interval, False, ANTHROPIC)
         return SSEResponse(frames, ANTHROPIC)  # type: ignore[return-value]
-    result = await unless_disconnected(request.receive, _collect(fan_in, builder))
-    if result is None:
+    if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result)
+    return JSONResponse(builder.response())
 
 
 def _renamed(error: APIError) -> APIError:
@@ -100,40 +99,3 @@ def _renamed(error: APIError) -> APIError:
     if name is None:
         return error
     return APIError(error.status, f"{name}: {error.message}", error.kind, name)
-
-
-async def _stream(
-    routes: Routes, fan_in: FanIn, builder: MessageBuilder
-) -> AsyncGenerator[bytes, None]:
-    def position(prompt: int) -> int | None:  # a queued request's current place
-        return routes.engine.queue_position(fan_in.engine_request_id(prompt))
-
-    async with fan_in as events:
-        frames = sse_frames(
-            events,
-            builder,
-            routes.config.sse_ping_interval,
-            False,
-            position=position,
-            framing=ANTHROPIC,
-        )
-        try:
-            async for frame in frames:
-                yield frame
-        finally:
-            await frames.aclose()
-
-
-async def _collect(fan_in: FanIn, builder: MessageBuilder) -> dict[str, object]:
-    """A non-streamed message: every event, then the whole object (waiting is not reported)."""
-    async with fan_in as events:
-        while (item := await events.next(None)) != "end":
-            assert not isinstance(item, str)
-            event = item.event
-            if isinstance(event, TokenEvent):
-                builder.on_tokens(item.prompt, event)
-            elif isinstance(event, FinishedEvent):
-                builder.on_finished(event)
-            elif isinstance(event, ErrorEvent):
-                raise APIError(event.code, event.message, event.kind)
-    return builder.response()

@@ -13,7 +13,6 @@ comments ride it exactly as they ride a chat stream. Errors are OpenAI-shaped, i
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
@@ -21,12 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kvpark.engine.llm_engine import RequestRejected
-from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from kvpark.server.body import read_json
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import FanIn
 from kvpark.server.protocol import GenerationRequest, parse_chat
+from kvpark.server.relay import collect, stream_frames
 from kvpark.server.responses import JSON
 from kvpark.server.responses_api_body import (
     ResponsesBody,
@@ -35,7 +34,7 @@ from kvpark.server.responses_api_body import (
     to_chat,
 )
 from kvpark.server.responses_api_events import ResponsesBuilder
-from kvpark.server.sse import Framing, SSEResponse, sse_frames, typed_frame
+from kvpark.server.sse import Framing, SSEResponse, typed_frame
 from kvpark.server.tools import ToolPlan
 
 if TYPE_CHECKING:
@@ -74,50 +73,13 @@ async def create_response(routes: Routes, request: Request) -> Response:
             error=lambda error: typed_frame(builder.error_event(error)),
             done=b"",
         )
-        frames = _stream(routes, fan_in, builder, framing)
+        interval = routes.config.sse_ping_interval
+        frames = stream_frames(engine, fan_in, builder, interval, False, framing)
         return SSEResponse(frames, framing)  # type: ignore[return-value]
-    result = await unless_disconnected(request.receive, _collect(fan_in, builder))
-    if result is None:
+    if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result)
-
-
-async def _stream(
-    routes: Routes, fan_in: FanIn, builder: ResponsesBuilder, framing: Framing
-) -> AsyncGenerator[bytes, None]:
-    def position(prompt: int) -> int | None:  # the queued request's current place
-        return routes.engine.queue_position(fan_in.engine_request_id(prompt))
-
-    async with fan_in as events:
-        frames = sse_frames(
-            events,
-            builder,
-            routes.config.sse_ping_interval,
-            False,
-            position=position,
-            framing=framing,
-        )
-        try:
-            async for frame in frames:
-                yield frame
-        finally:
-            await frames.aclose()
-
-
-async def _collect(fan_in: FanIn, builder: ResponsesBuilder) -> JSON:
-    """The whole response: every event through the builder (its stream events dropped)."""
-    async with fan_in as events:
-        while (item := await events.next(None)) != "end":
-            assert not isinstance(item, str)
-            event = item.event
-            if isinstance(event, TokenEvent):
-                builder.on_tokens(item.prompt, event)
-            elif isinstance(event, FinishedEvent):
-                builder.on_finished(event)
-            elif isinstance(event, ErrorEvent):
-                raise APIError(event.code, event.message, event.kind)
     builder.closing_chunks()  # closes the open items (and takes what the tool parser held)
-    return builder.response()
+    return JSONResponse(builder.response())
 
 
 def _echo(body: ResponsesBody, req: GenerationRequest) -> JSON:
