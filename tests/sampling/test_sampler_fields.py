@@ -13,7 +13,7 @@ import kvpark
 from kvpark import SamplingParams
 from kvpark.engine.llm_engine import RequestRejected
 from kvpark.sampling.params import Constraint, InvalidParameterError
-from kvpark.sampling.sampler import DEAD_END, SampleRow, make_generator, sample_rows
+from kvpark.sampling.sampler import NO_TOKEN, SampleRow, make_generator, sample_rows
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
 
@@ -62,7 +62,7 @@ def test_a_row_with_nothing_left_draws_the_dead_end() -> None:
     p = SamplingParams(temperature=0.7)
     none = torch.tensor([True, False, False])
     row = SampleRow(p, [make_generator(0, 0), make_generator(0, 1)], [], allowed=none, banned=(0,))
-    assert sample_rows(torch.tensor([[1.0, 2.0, 3.0]]), [row])[0] == [(DEAD_END, None)] * 2
+    assert sample_rows(torch.tensor([[1.0, 2.0, 3.0]]), [row])[0] == [(NO_TOKEN, None)] * 2
 
 
 @pytest.fixture(scope="module")

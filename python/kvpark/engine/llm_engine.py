@@ -30,8 +30,7 @@ from kvpark.preempt.preemption import Preemption
 from kvpark.runner.protocol import Runner, RunnerFactory, build_runner
 from kvpark.sampling.grammar import DEAD_END, GrammarCompiler, GrammarState
 from kvpark.sampling.params import InvalidParameterError, SamplingParams
-from kvpark.sampling.sampler import DEAD_END as NO_TOKEN
-from kvpark.sampling.sampler import SampleRow, make_generator, sample_rows
+from kvpark.sampling.sampler import NO_TOKEN, SampleRow, make_generator, sample_rows
 from kvpark.sched.plan import StepPlan
 from kvpark.sched.request import Request, Sequence
 from kvpark.sched.scheduler import CONTEXT_ERROR, Scheduler

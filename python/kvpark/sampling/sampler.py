@@ -8,7 +8,7 @@ and a draw from the request's own ``torch.Generator``. Greedy rows take the argm
 processed logits. Logprobs are those of the model's raw distribution (log-softmax of the logits
 before any processing, bias and grammar included), as the OpenAI API reports them.
 
-A row whose masks leave no token at all draws :data:`DEAD_END` instead of a token: the engine ends
+A row whose masks leave no token at all draws :data:`NO_TOKEN` instead of a token: the engine ends
 the choice with the grammar's dead-end finish reason.
 
 Each row is processed on its own, so its result never depends on which other rows share the step.
@@ -29,7 +29,7 @@ import torch
 from kvpark.sampling.logprob import TokenLogprob
 from kvpark.sampling.params import SamplingParams
 
-DEAD_END = -1  # drawn by a row whose masks leave no token
+NO_TOKEN = -1  # drawn by a row whose masks leave no token
 
 
 @dataclass
@@ -82,7 +82,7 @@ def sample_rows(
         else:
             processed = _process(raw if p.greedy else on_host[i], row)
             if processed is None:
-                results.append([(DEAD_END, None)] * len(row.generators))
+                results.append([(NO_TOKEN, None)] * len(row.generators))
                 continue
             if p.greedy:
                 draws = [int(processed.argmax())] * len(row.generators)
