@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -166,7 +167,7 @@ def test_the_same_constraint_is_compiled_once(llm: kvpark.LLM) -> None:
 
 
 def test_unpack_bitmask_bit_order_and_padding() -> None:
-    words = torch.tensor([0b101, -(2**31) | 1], dtype=torch.int32)  # bits 0 and 31 of word 1
+    words = np.array([0b101, -(2**31) | 1], dtype=np.int32)  # bits 0 and 31 of word 1
     bits = unpack_bitmask(words, 40, 48)
     assert bits.shape == (48,)
     assert bits.nonzero().flatten().tolist() == [0, 2, 32]  # 63 is past the vocabulary
