@@ -34,7 +34,7 @@ python-checks: setup
 	$(PY) -m mypy.stubtest kvpark._core
 
 pytest: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests
 
 test: setup rust-checks python-checks pytest
 

@@ -20,6 +20,15 @@ if not Path("/dev/nvidiactl").exists():
 import pytest
 import torch
 
+# `make test` runs the suite on pytest-xdist workers, one per core: each worker (and every server it
+# starts, which inherits the mask) is pinned to a core of its own, so a worker's kernels, whose
+# helper threads spin between products, never take the other worker's core (kvpark sizes its
+# thread team by the affinity mask, kvpark/config/cpus.py).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cores[int(_WORKER[2:]) % len(_cores)]})
+
 torch.set_num_threads(1)
 
 # The helpers in tests/support/ assert like the tests do: rewrite their asserts too (before any test

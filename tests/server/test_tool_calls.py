@@ -6,7 +6,7 @@ Three servers, each started once for the module, all on the default model (SmolL
   ``auto`` is a grammar too. Exact mode, so a request's output is the same whatever runs beside it.
 - ``hermes``: ``--chat-template tests/data/hermes_tools.jinja``, a Hermes-style template written
   for these tests: the template lists the tools and renders the tool turns itself.
-- ``parked``: as ``generic`` but every generating request is parked every 8 tokens and every park
+- ``parked``: as ``generic`` but every generating request is parked every 16 tokens and every park
   recomputes (``KVPARK_PREEMPT_EVERY``, ``KVPARK_PREEMPT_FAIL_SAVE``): the grammar state must come
   through a replay unchanged.
 
@@ -75,7 +75,7 @@ def hermes() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def parked() -> Iterator[Server]:
-    knobs = {"KVPARK_PREEMPT_EVERY": "8", "KVPARK_PREEMPT_FAIL_SAVE": "1"}
+    knobs = {"KVPARK_PREEMPT_EVERY": "16", "KVPARK_PREEMPT_FAIL_SAVE": "1"}
     yield from serve_for_module(*SAME, environ=knobs)
 
 
@@ -224,13 +224,16 @@ def test_auto_returns_text_or_valid_calls(generic: Server, hermes: Server) -> No
 
 def test_beside_other_requests_and_across_parks(generic: Server, parked: Server) -> None:
     """A tool request and a plain one side by side: each the same as alone, and the same again
-    when every request is parked and recomputed every 8 tokens."""
+    when every request is parked and recomputed every 16 tokens (a replay recomputes the tools'
+    long system turn: the neighbours are kept short)."""
     tools_body = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
-    plain_body: dict[str, Any] = {"messages": [{"role": "user", "content": "Tell me a story."}]}
+    story = [{"role": "user", "content": "Tell me a story."}]
+    plain_body: dict[str, Any] = {"messages": story, "max_tokens": 20}
+    auto_body: dict[str, Any] = {"tools": TOOLS, "max_tokens": 20}
     alone = {
         "tools": ask(generic, False, **tools_body),
         "tools_stream": ask(generic, True, **tools_body),
-        "auto": ask(generic, False, tools=TOOLS),
+        "auto": ask(generic, False, **auto_body),
         "plain": ask(generic, False, **plain_body),
     }
     for server in (generic, parked):
@@ -248,7 +251,7 @@ def test_beside_other_requests_and_across_parks(generic: Server, parked: Server)
         threads = [
             threading.Thread(target=run, args=("tools", False, tools_body)),
             threading.Thread(target=run, args=("tools_stream", True, tools_body)),
-            threading.Thread(target=run, args=("auto", False, {"tools": TOOLS})),
+            threading.Thread(target=run, args=("auto", False, auto_body)),
             threading.Thread(target=run, args=("plain", False, plain_body)),
         ]
         for thread in threads:

@@ -86,7 +86,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int_at_least(0),
         default=0,
-        help="CPU threads for torch and the block matmuls (0: all cores)",
+        help="CPU threads for torch and the block matmuls (0: every CPU the process may run on)",
     )
     p.add_argument(
         "--weights",

@@ -31,7 +31,8 @@ class ModelConfig:
     model: str | None = None  # GGUF file or Hugging Face directory; None: the default model
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, f32 on CPU)
     device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # CPU threads for torch and block matmuls; 0: all cores (≤ 2 in exact mode)
+    # CPU threads for torch and block matmuls; 0: every CPU the process may run on (≤ 2 in exact)
+    threads: int = 0
     # blocks: GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K matrices kept in blocks and multiplied by block_linear
     # (CPU, float32); dense: every weight dequantised; auto: blocks on CPU in float32
     weights: str = "auto"

@@ -7,12 +7,12 @@ KV layout per layer: ``[n_pages, page_size, kv_heads, head_dim]`` for K and for 
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
 
 import kvpark._core as _core
+from kvpark.config.cpus import usable_cpus
 from kvpark.config.layers import DTYPE_NAMES, ModelConfig, PoolConfig
 from kvpark.model.loader import LoadedModel, load_model
 from kvpark.model.ops import OpSet, block_weights
@@ -97,7 +97,7 @@ def exact_cpu_threads(requested: int) -> int:
             f"exact mode on CPU runs with at most {EXACT_CPU_THREADS} threads (asked for "
             f"{requested}): with more, a row's bits could depend on the size of its step"
         )
-    return requested or min(EXACT_CPU_THREADS, os.cpu_count() or 1)
+    return requested or min(EXACT_CPU_THREADS, usable_cpus())
 
 
 def select_ops(exact: bool, device: torch.device) -> OpSet:
@@ -142,12 +142,12 @@ class TorchRunner:
         threads = model_config.threads
         if model_config.exact and self.device.type == "cpu":
             threads = exact_cpu_threads(threads)
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or usable_cpus()
         if blocks:
             # the block matmuls take the threads; torch's ops (attention, norms) run on the
             # calling thread: an OpenMP team of its own would fight the matmul helpers, which
             # spin between products, for the same cores (docs/benchmarks.md)
-            block_weights.set_threads(threads or os.cpu_count() or 1)
+            block_weights.set_threads(self.threads)
             torch.set_num_threads(1)
         elif threads > 0:
             torch.set_num_threads(threads)
