@@ -30,12 +30,19 @@ impl KvValues<'_> {
 /// One value as the kernel's arithmetic reads it, widened to f32 where it is used.
 pub(super) trait KvElem: Copy {
     fn widen(self) -> f32;
+    /// A row as f32: itself, or widened (exactly) into `buf` once, so that the query heads
+    /// sharing a KV head do not widen it again each (bf16 was widened per head, per read).
+    fn widened<'s>(src: &'s [Self], buf: &'s mut [f32]) -> &'s [f32];
 }
 
 impl KvElem for f32 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self
+    }
+    #[inline(always)]
+    fn widened<'s>(src: &'s [f32], _buf: &'s mut [f32]) -> &'s [f32] {
+        src
     }
 }
 
@@ -44,6 +51,14 @@ impl KvElem for u16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         f32::from_bits((self as u32) << 16)
+    }
+    #[inline(always)]
+    fn widened<'s>(src: &'s [u16], buf: &'s mut [f32]) -> &'s [f32] {
+        let buf = &mut buf[..src.len()];
+        for (o, &x) in buf.iter_mut().zip(src) {
+            *o = x.widen();
+        }
+        buf
     }
 }
 
@@ -64,10 +79,10 @@ pub(super) trait Rows: Copy + Sync {
 pub(super) struct InPlace<'a, T>(pub &'a [T]);
 
 impl<T: KvElem + Sync> Rows for InPlace<'_, T> {
-    type Elem = T;
+    type Elem = f32;
     #[inline(always)]
-    fn row<'s>(&'s self, at: usize, len: usize, _buf: &'s mut [f32]) -> &'s [T] {
-        &self.0[at..][..len]
+    fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
+        T::widened(&self.0[at..][..len], buf)
     }
     #[inline(always)]
     fn prefetch(&self, at: usize, len: usize) {
