@@ -51,7 +51,7 @@ class GrammarState:
         self._matcher = matcher
         self._vocab = vocab_size  # the tokenizer's: logits wider than it are masked past it
         # llguidance.numpy, not llguidance.torch: the latter runs torch.compile at import, which
-        # loads dynamo and inductor (~3 s and ~100 MB on every server start) for a kernel we skip
+        # loads dynamo and inductor (3-5 s and ~190 MiB in every process) for a kernel we skip
         self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
 
     def allowed(self, width: int) -> torch.Tensor:

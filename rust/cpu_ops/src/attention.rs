@@ -13,7 +13,7 @@ mod tests;
 use crate::threads::{parallel, Output};
 use crate::ShapeError;
 pub use kv_values::KvValues;
-use kv_values::{F16Plain, F16cRows, InPlace, KvElem, Rows};
+use kv_values::{F16Plain, F16cRows, InPlace, Rows};
 
 /// One step's decode rows and where their cells lie.
 #[derive(Clone, Copy, Debug)]
@@ -222,7 +222,7 @@ fn one_task<R: Rows>(
         for j in 0..group {
             let p = scores[j * ctx + c];
             for (o, x) in acc[j * d..(j + 1) * d].iter_mut().zip(v) {
-                *o += p * x.widen();
+                *o += p * x;
             }
         }
     }
@@ -238,18 +238,18 @@ fn one_task<R: Rows>(
 const PREFETCH_CELLS: usize = 6;
 
 #[inline(always)]
-fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y.widen())
+        .map(|(x, y)| x * y)
         .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
-            lanes[i] += x[i] * y[i].widen();
+            lanes[i] += x[i] * y[i];
         }
     }
     lanes.iter().sum::<f32>() + tail

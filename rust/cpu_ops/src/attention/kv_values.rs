@@ -31,7 +31,7 @@ impl KvValues<'_> {
 pub(super) trait KvElem: Copy {
     fn widen(self) -> f32;
     /// A row as f32: itself, or widened (exactly) into `buf` once, so that the query heads
-    /// sharing a KV head do not widen it again each (bf16 was widened per head, per read).
+    /// sharing a KV head do not widen it again each.
     fn widened<'s>(src: &'s [Self], buf: &'s mut [f32]) -> &'s [f32];
 }
 
@@ -64,22 +64,19 @@ impl KvElem for u16 {
 
 /// K or V of the pool as the kernel reads it: one cell's row of `head_dim` values at a time.
 pub(super) trait Rows: Copy + Sync {
-    type Elem: KvElem;
     /// Whether [`Rows::row`] converts with F16C (present wherever such rows exist).
     const F16C: bool = false;
     /// The `len` values from `at`: in place, or widened into `buf` (at least `len` long).
-    fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [Self::Elem];
+    fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32];
     /// Asks for the cache lines of the `len` values from `at`.
     fn prefetch(&self, at: usize, len: usize);
 }
 
-/// f32 or bf16 values, read where they lie (bf16 widened value by value, vectorised with the
-/// arithmetic around it).
+/// f32 or bf16 values: f32 rows read where they lie, bf16 rows widened once into the buffer.
 #[derive(Clone, Copy)]
 pub(super) struct InPlace<'a, T>(pub &'a [T]);
 
 impl<T: KvElem + Sync> Rows for InPlace<'_, T> {
-    type Elem = f32;
     #[inline(always)]
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
         T::widened(&self.0[at..][..len], buf)
@@ -95,7 +92,6 @@ impl<T: KvElem + Sync> Rows for InPlace<'_, T> {
 pub(super) struct F16Plain<'a>(pub &'a [u16]);
 
 impl Rows for F16Plain<'_> {
-    type Elem = f32;
     #[inline(always)]
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
         let buf = &mut buf[..len];
@@ -123,7 +119,6 @@ impl<'a> F16cRows<'a> {
 }
 
 impl Rows for F16cRows<'_> {
-    type Elem = f32;
     const F16C: bool = true;
     #[inline(always)]
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
