@@ -10,7 +10,7 @@ mod kv_values;
 #[cfg(test)]
 mod tests;
 
-use crate::threads::{parallel, Output};
+use crate::threads::{parallel, team_size, Output};
 use crate::ShapeError;
 pub use kv_values::KvValues;
 use kv_values::{F16Plain, F16cRows, InPlace, Rows};
@@ -113,26 +113,51 @@ fn run(a: DecodeAttention<'_>, out: &mut [f32], simd: bool) -> Result<(), ShapeE
     Ok(())
 }
 
-/// Every (sequence, KV head) task, split over the kernel threads.
+/// Every sequence's attention, split over the kernel threads. A task is one sequence's run of
+/// KV heads: all of them where there are enough sequences to keep the threads busy, so that a
+/// task reads each cell's K (then V) heads together, one contiguous run of the pool; one head
+/// where there are few sequences, so that one sequence still spreads over the threads. Either
+/// way each (sequence, KV head) does the same arithmetic: the split never changes the bits.
 fn tasks<R: Rows>(a: &DecodeAttention<'_>, k: R, v: R, simd: bool, out: &mut [f32]) {
     let out = Output::new(out);
-    let tasks = a.rows.len() * a.kv_heads;
+    let seqs = a.rows.len();
+    let heads_per_task = if seqs >= WHOLE_CELL_TASKS_PER_THREAD * team_size() {
+        a.kv_heads
+    } else {
+        1
+    };
+    let per_seq = a.kv_heads / heads_per_task;
     let work: usize =
         a.context.iter().map(|&c| c as usize).sum::<usize>() * a.kv_heads * a.head_dim;
-    parallel(tasks, work, &|range| {
+    parallel(seqs * per_seq, work, &|range| {
         let mut scratch = Vec::new();
         for task in range {
+            let (b, first) = (task / per_seq, task % per_seq * heads_per_task);
+            let t = Task {
+                b,
+                heads: first..first + heads_per_task,
+            };
             if simd && R::F16C {
                 // SAFETY: AVX2 and FMA are present (isa::avx2), and F16C (R::F16C).
-                unsafe { task_f16c(a, k, v, task, &out, &mut scratch) }
+                unsafe { task_f16c(a, k, v, t, &out, &mut scratch) }
             } else if simd {
                 // SAFETY: AVX2 and FMA are present (isa::avx2).
-                unsafe { task_avx2(a, k, v, task, &out, &mut scratch) }
+                unsafe { task_avx2(a, k, v, t, &out, &mut scratch) }
             } else {
-                one_task(a, k, v, task, &out, &mut scratch)
+                one_task(a, k, v, t, &out, &mut scratch)
             }
         }
     });
+}
+
+/// Sequences per thread from which a task takes all of a sequence's KV heads.
+const WHOLE_CELL_TASKS_PER_THREAD: usize = 2;
+
+/// Sequence `b`'s KV heads `heads`.
+#[derive(Clone)]
+struct Task {
+    b: usize,
+    heads: std::ops::Range<usize>,
 }
 
 /// [`one_task`] compiled for a SIMD level (on x86-64; elsewhere it is `one_task`).
@@ -144,7 +169,7 @@ macro_rules! simd_task {
             a: &DecodeAttention<'_>,
             k: R,
             v: R,
-            task: usize,
+            task: Task,
             out: &Output<'_>,
             s: &mut Vec<f32>,
         ) {
@@ -168,43 +193,49 @@ simd_task!(
     "avx2,fma,f16c"
 );
 
-/// Sequence `task / kv_heads`, KV head `task % kv_heads`: its `group` query heads. The same
+/// Sequence `task.b`, KV heads `task.heads`: each head's `group` query heads. The same
 /// arithmetic whatever the pool holds: each value is widened to f32 (exactly) where it is read.
 #[inline(always)]
 fn one_task<R: Rows>(
     a: &DecodeAttention<'_>,
     k_all: R,
     v_all: R,
-    task: usize,
+    task: Task,
     out: &Output<'_>,
     scratch: &mut Vec<f32>,
 ) {
     let (kv, d) = (a.kv_heads, a.head_dim);
     let group = a.heads / kv;
-    let (b, g) = (task / kv, task % kv);
+    let b = task.b;
+    let (g0, n) = (task.heads.start, task.heads.len());
     let ctx = a.context[b] as usize;
     let row = a.rows[b] as usize;
     let cells = &a.cells[b * a.stride..b * a.stride + ctx];
     let scale = 1.0 / (d as f32).sqrt();
-    let q_at = |j: usize| (row * a.heads + g * group + j) * d;
-    let at = |cell: i64| (cell as usize * kv + g) * d;
+    // query head j of the task's i-th KV head; score and accumulator rows are numbered alike
+    let q_at = |i: usize, j: usize| (row * a.heads + (g0 + i) * group + j) * d;
+    let at = |cell: i64| (cell as usize * kv + g0) * d;
+    let heads = n * group;
     // One buffer per thread for the scores, the accumulator and a widened row: no allocation
     // per task.
     scratch.clear();
-    scratch.resize(group * (ctx + d) + d, 0.0);
-    let (scores, rest) = scratch.split_at_mut(group * ctx);
-    let (acc, wide) = rest.split_at_mut(group * d);
+    scratch.resize(heads * (ctx + d) + d, 0.0);
+    let (scores, rest) = scratch.split_at_mut(heads * ctx);
+    let (acc, wide) = rest.split_at_mut(heads * d);
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            k_all.prefetch(at(ahead), d);
+            k_all.prefetch(at(ahead), n * d);
         }
-        let k = k_all.row(at(cell), d, wide);
-        for j in 0..group {
-            scores[j * ctx + c] = dot(&a.q[q_at(j)..][..d], k) * scale;
+        for i in 0..n {
+            let k = k_all.row(at(cell) + i * d, d, wide);
+            for j in 0..group {
+                let h = i * group + j;
+                scores[h * ctx + c] = dot(&a.q[q_at(i, j)..][..d], k) * scale;
+            }
         }
     }
-    for j in 0..group {
-        let s = &mut scores[j * ctx..(j + 1) * ctx];
+    for h in 0..heads {
+        let s = &mut scores[h * ctx..(h + 1) * ctx];
         let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut sum = 0.0;
         for x in s.iter_mut() {
@@ -216,19 +247,25 @@ fn one_task<R: Rows>(
     }
     for (c, &cell) in cells.iter().enumerate() {
         if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            v_all.prefetch(at(ahead), d);
+            v_all.prefetch(at(ahead), n * d);
         }
-        let v = v_all.row(at(cell), d, wide);
-        for j in 0..group {
-            let p = scores[j * ctx + c];
-            for (o, x) in acc[j * d..(j + 1) * d].iter_mut().zip(v) {
-                *o += p * x;
+        for i in 0..n {
+            let v = v_all.row(at(cell) + i * d, d, wide);
+            for j in 0..group {
+                let h = i * group + j;
+                let p = scores[h * ctx + c];
+                for (o, x) in acc[h * d..(h + 1) * d].iter_mut().zip(v) {
+                    *o += p * x;
+                }
             }
         }
     }
-    for j in 0..group {
-        for (i, x) in acc[j * d..(j + 1) * d].iter().enumerate() {
-            out.set(q_at(j) + i, *x);
+    for i in 0..n {
+        for j in 0..group {
+            let h = i * group + j;
+            for (e, x) in acc[h * d..(h + 1) * d].iter().enumerate() {
+                out.set(q_at(i, j) + e, *x);
+            }
         }
     }
 }

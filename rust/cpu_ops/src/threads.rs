@@ -230,6 +230,12 @@ impl<'a> Output<'a> {
     }
 }
 
+/// The threads the kernels use now ([`set_threads`]; 1 before it asks for more).
+pub(crate) fn team_size() -> usize {
+    let team = TEAM.lock().unwrap_or_else(|e| e.into_inner());
+    team.as_ref().map_or(1, |t| t.threads)
+}
+
 /// Calls `f` on contiguous ranges that together cover `0..tasks` once, spread over the threads
 /// of [`set_threads`]; on the calling thread alone (one call, `0..tasks`) when there is one
 /// thread or `work` (a size, in weights or values read) is too small to split.
