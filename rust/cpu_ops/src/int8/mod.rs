@@ -80,6 +80,8 @@ mod scratch;
 #[cfg(target_arch = "x86_64")]
 mod side_by_side;
 #[cfg(target_arch = "x86_64")]
+mod side_by_side_q8;
+#[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -240,6 +242,19 @@ fn columns(
                         _ => avx2::group(a, q4, c, y),
                     }
                 }
+                c += side_by_side::GROUP;
+            }
+            return columns_one_by_one(kernel, a, w, c..cols.end, y);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Weights::Q8(q8) = w {
+        if kernel == I8Kernel::Avx512Vnni && side_by_side_q8::takes(a.rows, &q8) {
+            let mut c = cols.start;
+            while c + side_by_side::GROUP <= cols.end {
+                // SAFETY: the kernel runs here (matmul_i8 checked), the group lies inside the
+                // matrix and `takes` holds.
+                unsafe { side_by_side_q8::group(a, q8, c, y) };
                 c += side_by_side::GROUP;
             }
             return columns_one_by_one(kernel, a, w, c..cols.end, y);

@@ -48,9 +48,13 @@ struct Group {
 /// Whether a call of `rows` rows against `w` takes this kernel for its column groups.
 /// `KVPARK_CPU_SIDE_BY_SIDE=off` keeps every call on `simd.rs` (same bits: for measuring).
 pub(super) fn takes(rows: usize, w: &Q4Weights<'_>) -> bool {
+    enabled() && rows >= MIN_ROWS && w.k / BLOCK <= MAX_BLOCKS
+}
+
+/// Whether the side-by-side kernels (this one and `side_by_side_q8.rs`) are on.
+pub(super) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("KVPARK_CPU_SIDE_BY_SIDE").as_deref() != Ok("off"));
-    on && rows >= MIN_ROWS && w.k / BLOCK <= MAX_BLOCKS
+    *ON.get_or_init(|| std::env::var("KVPARK_CPU_SIDE_BY_SIDE").as_deref() != Ok("off"))
 }
 
 /// Output columns `c0..c0 + GROUP` of every row of `a` into `y` (`[rows, n]`).
