@@ -86,7 +86,10 @@ def test_stop_token_and_length(llm: kvpark.LLM) -> None:
     assert base.choices[0].finish_reason == "length"
 
 
-def test_eos_ends_a_chat_answer(llm: kvpark.LLM) -> None:
+def test_eos_ends_a_chat_answer() -> None:
+    # float32 activations: int8 ones (the default) take this prompt's first-token near-tie to
+    # "L'Étoile, ..." as llama.cpp does, and that answer does not end within 64 tokens
+    llm = kvpark.LLM(dtype="float32", block_dot="float32", kv_cells=1024)
     out = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(temperature=0.0, max_tokens=64),

@@ -113,10 +113,11 @@ def test_normal_mode_hits_can_move_low_bits_but_keep_greedy_tokens(
     dense prompt path; warm, its prefix comes from the cache and its last rows are too few for
     that path, so they take the block kernels: the logprobs' bits differ (so the exact test above
     would see such a change), the greedy tokens do not."""
-    # float32 dense prompts on every machine (auto is bfloat16 where the CPU has it): the two
-    # paths then differ only in the order of their sums
-    cold = run(make(monkeypatch, prompt_path="float32").engine, [("probe", PROBE, GREEDY)])["probe"]
-    llm = make(monkeypatch, prompt_path="float32")
+    # float32 dense prompts beside float32 block rows on every machine: the two paths then
+    # differ only in the order of their sums (int8 block rows would differ by their rounding)
+    dense = {"prompt_path": "float32", "block_dot": "float32"}
+    cold = run(make(monkeypatch, **dense).engine, [("probe", PROBE, GREEDY)])["probe"]
+    llm = make(monkeypatch, **dense)
     if llm.engine.runner.cpu_paths.prompt_dtype is None:  # type: ignore[attr-defined]
         pytest.fail("this CPU's default has no dense prompt path: the control needs one")
     run(llm.engine, [("warm", OTHER, GREEDY)])
@@ -135,7 +136,12 @@ def test_a_recompute_resume_replays_only_what_is_not_cached(
     for cache in (True, False):
         # float32 prompts (the whole replay without the cache is one): as the control above
         llm = make(
-            monkeypatch, every=4, preempt_ram_mib=0, prefix_cache=cache, prompt_path="float32"
+            monkeypatch,
+            every=4,
+            preempt_ram_mib=0,
+            prefix_cache=cache,
+            prompt_path="float32",
+            block_dot="float32",
         )
         out[cache] = run(llm.engine, [("probe", PROBE, GREEDY)])["probe"]
         stats = llm.engine.stats

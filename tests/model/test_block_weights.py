@@ -118,7 +118,13 @@ def greedy_dense_and_blocks() -> dict[str, list[kvpark.RequestOutput]]:
     out = {}
     for weights in ("dense", "blocks"):
         # float32 cells: a bf16 pool rounds each path's K and V, which would blur what is compared
-        llm = kvpark.LLM(dtype="float32", weights=weights, kv_cells=2048, kv_dtype="float32")
+        llm = kvpark.LLM(
+            dtype="float32",
+            weights=weights,
+            kv_cells=2048,
+            kv_dtype="float32",
+            block_dot="float32",  # the blocks' exact weights; int8 rounds the activations
+        )
         out[weights] = llm.generate(PROMPTS, params)
     return out
 

@@ -4,20 +4,30 @@
 the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
 ``KVPARK_CPU_ISA``). The table and the step times behind it are in docs/cpu-kernels.md:
 
-=====================  ================  ================================  ==================
-effective ISA          decode rows       prompt chunks (normal mode)       exact mode
-=====================  ================  ================================  ==================
-avx512 + avx512_bf16   float32 x blocks  dense bfloat16 GEMM               blocks, every row
-avx2 (or avx512)       float32 x blocks  dense float32 GEMM                blocks, every row
-plain (no AVX2)        dense float32     dense float32                     dense float32
-=====================  ================  ================================  ==================
+=====================  ==============  ================================  ==============  ==========
+effective ISA          decode rows     prompt chunks (normal mode)       exact mode      KV cells
+=====================  ==============  ================================  ==============  ==========
+avx512 (+ VNNI)        int8 x blocks   int8 x blocks                     int8 x blocks   float32
+avx2                   int8 x blocks   int8 x blocks                     int8 x blocks   float32
+plain (no AVX2)        dense float32   dense float32                     dense float32   bfloat16
+=====================  ==============  ================================  ==============  ==========
 
-Block products multiply float32 activations by each block expanded to float32 (``--block-dot
-auto``: float32); ``int8`` rounds the activations to int8 per block of 32 (llama.cpp's
-arithmetic), which fails the greedy rule below, and keeps prompt chunks on the blocks too
-(``--prompt-path auto``), so that every row has llama.cpp's arithmetic. ``--kv-dtype auto``
-is bfloat16 cells on every CPU family (a float16 model keeps float16 ones); f16,
-bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
+Block products round the activations to int8 per block of 32 (``--block-dot auto``: int8,
+llama.cpp's own arithmetic, whose greedy tokens agree with llama.cpp's on the parity prompts:
+tests/model/test_llamacpp_greedy.py), with VNNI's ``vpdpbusd`` where the CPU has it and
+``vpmaddubsw`` on AVX2. It is the fastest product on both families (docs/cpu-kernels.md) and
+needs no dense copy of the weights. Prompt chunks stay on the same blocks (``--prompt-path
+auto``), so that every row has llama.cpp's arithmetic. ``--block-dot float32`` multiplies
+float32 activations by each block expanded to float32 instead; under it ``--prompt-path auto``
+runs long prompt chunks through a dense GEMM (bfloat16 where the CPU has native bf16, else
+float32).
+
+``--kv-dtype auto`` takes a 16-bit pool only where the rule of issue 12 holds for the arithmetic
+in force: the parity prompts' 32 greedy tokens equal the float32 pool's
+(tests/runner/test_cpu_paths.py). Under float32 activations both bf16 and f16 cells hold it, and
+auto is bfloat16; under int8 activations neither does (the 8-bit rounding turns the cells' last
+bits into different near-ties within 32 tokens), so auto is float32 there. A float16 model keeps
+float16 cells; f16, bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
 A step takes the dense path when its prompt chunks (items of more than one row) hold at least
 ``PROMPT_MIN_ROWS`` rows in all (``batch.takes_prompt_path``): below that the block kernels are
@@ -112,6 +122,10 @@ def choose(
         blocks = False
     else:
         raise ValueError(f"unknown weights {weights!r}; use auto, dense or blocks")
+    if block_dot not in BLOCK_DOTS:
+        raise ValueError(f"unknown block dot {block_dot!r}; use {', '.join(BLOCK_DOTS)}")
+    if block_dot == "auto":
+        block_dot = AUTO_BLOCK_DOT
     if prompt_path not in PROMPT_PATHS:
         raise ValueError(f"unknown prompt path {prompt_path!r}; use {', '.join(PROMPT_PATHS)}")
     if exact and prompt_path not in ("auto", "same"):
@@ -119,10 +133,6 @@ def choose(
             f"--prompt-path {prompt_path} with --exact: exact mode keeps prompt and decode rows "
             "on one arithmetic"
         )
-    if block_dot not in BLOCK_DOTS:
-        raise ValueError(f"unknown block dot {block_dot!r}; use {', '.join(BLOCK_DOTS)}")
-    if block_dot == "auto":
-        block_dot = AUTO_BLOCK_DOT
     prompt: str | None
     if not blocks or exact or prompt_path == "same":
         # dense weights already are the dense path; exact mode keeps one arithmetic
@@ -141,11 +151,17 @@ def choose(
         raise ValueError(f"unknown KV dtype {kv_dtype!r}; use {', '.join(KV_DTYPE_NAMES)}")
     kv_dtype = KV_DTYPE_NAMES[kv_dtype]
     if kv_dtype == "auto":
-        # bf16 and f16 cells both keep the parity prompts' 32 greedy tokens
-        # (tests/runner/test_cpu_paths.py) and halve the pool; bf16 because its widening (a
-        # shift) is as fast as F16C's, faster without it, and it has float32's range, where f16
-        # overflows past 65504 (docs/cpu-kernels.md). A float16 model keeps float16 cells.
-        kv_dtype = "float16" if dtype == "float16" else "bfloat16"
+        if dtype == "float16":
+            kv_dtype = "float16"  # a float16 model keeps float16 cells
+        elif blocks and block_dot == "int8":
+            # under int8 activations neither 16-bit pool keeps the float32 pool's 32 greedy
+            # tokens on the parity prompts (tests/runner/test_cpu_paths.py): the rule says f32
+            kv_dtype = "float32"
+        else:
+            # bf16 and f16 cells both keep them and halve the pool; bf16 because its widening
+            # (a shift) is as fast as F16C's, faster without it, and it has float32's range,
+            # where f16 overflows past 65504 (docs/cpu-kernels.md)
+            kv_dtype = "bfloat16"
     return CpuPaths(
         isa=isa,
         dtype=dtype,
@@ -156,8 +172,9 @@ def choose(
     )
 
 
-# float32 activations: int8 ones (llama.cpp's arithmetic, ~20 % faster at one row on AVX2) fail
-# the rule every default here meets: the parity prompts' greedy tokens equal float32's for 32
-# tokens (int8 parts at the first token of the first prompt, a 0.09-nat near-tie that llama.cpp
-# also takes the other way; tests/runner/test_cpu_paths.py), so int8 is --block-dot int8
-AUTO_BLOCK_DOT = "float32"
+# int8 activations wherever there are blocks: llama.cpp's arithmetic (its greedy tokens agree with
+# llama.cpp's, tests/model/test_llamacpp_greedy.py), the fastest product on AVX2 and on VNNI, and
+# no dense copy of the weights for prompts. They part from the float32 product's greedy tokens at
+# the first token of the first parity prompt, a 0.09-nat near-tie that llama.cpp takes the same
+# way as int8 does; `--block-dot float32` is the exact-weights product.
+AUTO_BLOCK_DOT = "int8"

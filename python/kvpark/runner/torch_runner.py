@@ -248,16 +248,23 @@ class TorchRunner:
         activations' dtype (float32 on the CPU: no reason to round an embedding's keys to the
         pool's bfloat16). The prompt-chunk arithmetic when it is the activations' dtype (the dense
         float32 copies hold the blocks' values exactly, and a GEMM is the fast way through many
-        rows); otherwise the decode rows' (a bfloat16 prompt GEMM would cost the vector bits)."""
+        rows); otherwise the decode rows', with float32 activations against the blocks even under
+        ``--block-dot int8``: an embedding is a vector a client compares, not a next token, and
+        int8 activations would move it by ~3e-3 against the exact weights' ~2e-6."""
         paths = self.cpu_paths
         model, size = self.loaded.model, self.page_size
         if paths is None:  # CUDA: the step's own kernels
             return embed_tokens(model, self.ops, token_ids, size, self.dtype, self.device)
         ops = self.ops_for_prompts if paths.prompt_dtype == paths.dtype else self.ops
+        int8 = paths.blocks and paths.block_dot == "int8"
         torch.set_num_threads(self.threads)  # as a prompt chunk (execute): all the threads
+        if int8:
+            model.set_block_dot(int8=False)  # on the engine thread, between steps
         try:
             return embed_tokens(model, ops, token_ids, size, self.dtype, self.device)
         finally:
+            if int8:
+                model.set_block_dot(int8=True)
             if paths.blocks:
                 torch.set_num_threads(1)  # between steps torch keeps one (execute says why)
 
