@@ -46,9 +46,7 @@ def builtin(prompts: list[list[int]]) -> list[list[int]]:
     against the blocks too: transformers' dense float32 agrees with that product, while int8
     activations take the first prompt's first-token near-tie the other way)."""
     torch.set_num_threads(1)
-    llm = kvpark.LLM(
-        dtype="float32", block_dot="float32", kv_cells=1024, parallel=4, preempt=False
-    )
+    llm = kvpark.LLM(dtype="float32", block_dot="float32", kv_cells=1024, parallel=4, preempt=False)
     return [out.token_ids for out in llm.generate(prompts, GREEDY)]
 
 
