@@ -364,3 +364,29 @@ def test_help_names_every_kv_dtype(capsys: pytest.CaptureFixture[str]) -> None:
     entry = text[at : text.index("--prompt-path", at)]
     for name in ("f32", "bf16", "f16", "float32", "bfloat16", "float16", "auto"):
         assert f" {name}" in entry, name
+
+
+def test_the_http_stack_flag_picks_the_loop_and_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--http-stack``: uvloop + httptools by default (both are dependencies), asyncio + h11 as
+    the off switch, and an unknown name refused by the parser."""
+    import asyncio
+
+    import uvloop
+
+    from kvpark.server.run import http_stack
+
+    _, default = parse(["serve"])
+    assert default.http_stack == "auto"  # type: ignore[attr-defined]
+    assert http_stack("auto") == (uvloop.new_event_loop, "httptools")
+    assert http_stack("uvloop") == (uvloop.new_event_loop, "httptools")
+    assert http_stack("asyncio") == (None, "h11")
+    loop = http_stack("auto")[0]
+    assert loop is not None and isinstance(loop(), asyncio.AbstractEventLoop)
+    _, off = parse(["serve", "--http-stack", "asyncio"])
+    assert off.http_stack == "asyncio"  # type: ignore[attr-defined]
+    monkeypatch.setenv("KVPARK_HTTP_STACK", "asyncio")
+    _, from_env = parse(["serve"])
+    assert from_env.http_stack == "asyncio"  # type: ignore[attr-defined]
+    monkeypatch.delenv("KVPARK_HTTP_STACK")
+    with pytest.raises(SystemExit):
+        parse(["serve", "--http-stack", "trio"])

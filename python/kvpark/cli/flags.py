@@ -26,6 +26,7 @@ from kvpark.config.layers import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PAGE_SIZE,
     DEFAULT_PARALLEL,
+    HTTP_STACKS,
     EngineConfig,
     ModelConfig,
     PoolConfig,
@@ -237,6 +238,13 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-format", type=one_of("text", "json"), default="text", help="text or json")
     p.add_argument(
+        "--http-stack",
+        type=one_of(*HTTP_STACKS),
+        default="auto",
+        help="the event loop and HTTP parser: uvloop + httptools (C; auto where installed) or "
+        "asyncio + h11 (pure Python)",
+    )
+    p.add_argument(
         "--log-health",
         action="store_true",
         help="access-log /health polls and /metrics scrapes too (other requests always are)",
@@ -343,6 +351,7 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         sse_ping_interval=args.sse_ping_interval,
         log_format=args.log_format,
         log_health=args.log_health,
+        http_stack=args.http_stack,
         log_stats_interval=args.log_stats_interval,
         max_body_bytes=args.max_body_bytes,
         served_model_name=args.served_model_name,

@@ -111,6 +111,9 @@ class EngineConfig:
         )
 
 
+HTTP_STACKS = ("auto", "uvloop", "asyncio")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -119,6 +122,7 @@ class ServerConfig:
     sse_ping_interval: float = 30.0
     log_format: str = "text"  # text | json
     log_health: bool = False  # access-log /health and /metrics too (they poll; noise by default)
+    http_stack: str = "auto"  # auto | uvloop (uvloop + httptools) | asyncio (asyncio + h11)
     log_stats_interval: float = 10.0  # seconds between stats lines while requests run; 0: off
     max_body_bytes: int = 8 * 1024 * 1024
     served_model_name: str | None = None
