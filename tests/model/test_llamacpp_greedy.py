@@ -7,8 +7,9 @@ remake it).
 
 What "agree" means. The two do not compute the same sums: llama.cpp rounds every activation row to
 8-bit blocks (q8_1) before its Q4_1 dot products and keeps K/V in float16; kvpark multiplies the
-Q4_1 blocks by float32 activations or by int8 ones of its own rounding (``--block-dot``), with
-dense float32 for long prompt chunks, and keeps K/V in bfloat16. Where llama.cpp's two best tokens
+Q4_1 blocks by int8 activations of its own rounding (the default, ``--block-dot int8``, with
+float32 K/V cells) or by float32 ones (``--block-dot float32``, with a dense GEMM for long prompt
+chunks and bfloat16 K/V cells). Where llama.cpp's two best tokens
 are nearly tied the two may pick differently, and after that their contexts differ and a
 free-running comparison has nothing left to compare. On these prompts that happens early (the
 first prompt's first token is a tie: "L" at -1.92 against "The" at -2.01 in llama.cpp; kvpark with
@@ -94,8 +95,8 @@ def reference() -> dict[str, Any]:
 
 @pytest.fixture(scope="module", params=["float32", "int8"])
 def llm(default_gguf_path: str, request: pytest.FixtureRequest) -> kvpark.LLM:
-    """kvpark's default (float32 activations against the blocks) and ``--block-dot int8``,
-    llama.cpp's own arithmetic."""
+    """kvpark's default, ``--block-dot int8`` (llama.cpp's own arithmetic, with the float32 pool
+    the pool rule gives it), and ``--block-dot float32`` (float32 activations, bf16 cells)."""
     torch.set_num_threads(1)
     return kvpark.LLM(default_gguf_path, threads=1, kv_cells=4096, block_dot=request.param)
 
