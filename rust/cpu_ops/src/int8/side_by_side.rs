@@ -98,22 +98,44 @@ pub(super) unsafe fn group<D: Quads>(a: &Activations<'_>, w: Q4Weights<'_>, c0: 
                         _mm256_setzero_ps(),
                     )
                 };
-                let db = _mm256_broadcast_ss(&*d.add(b));
-                *acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, db), isum, *acc);
-                let sb = _mm256_broadcast_ss(&*sum.add(b));
-                *acc = _mm256_fmadd_ps(_mm256_mul_ps(offset, db), sb, *acc);
+                combine(acc, isum, scale, Some(offset), *d.add(b), *sum.add(b));
             }
         }
-        // `plain::hsum`'s tree, lane by lane of the eight columns
-        let v = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-            _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
-        );
-        let mut out = [0.0f32; GROUP];
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
-        for (c, v) in out.iter().enumerate() {
-            y.set(r * w.n + c0 + c, *v);
-        }
+        store_row(&acc, y, r * w.n + c0);
+    }
+}
+
+/// `int8`'s float combine of block `b` into its lane's accumulator, for eight columns at once:
+/// `acc = fma(scale * d, isum, acc)`, then `acc = fma(offset * d, sum, acc)` where the weights
+/// have offsets (each product rounded on its own).
+#[inline(always)]
+pub(super) unsafe fn combine(
+    acc: &mut __m256,
+    isum: __m256,
+    scale: __m256,
+    offset: Option<__m256>,
+    d: f32,
+    sum: f32,
+) {
+    let db = _mm256_set1_ps(d);
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, db), isum, *acc);
+    if let Some(offset) = offset {
+        *acc = _mm256_fmadd_ps(_mm256_mul_ps(offset, db), _mm256_set1_ps(sum), *acc);
+    }
+}
+
+/// A row's eight accumulators added in `plain::hsum`'s tree, lane by lane of the eight columns,
+/// into `y[at..at + GROUP]`.
+#[inline(always)]
+pub(super) unsafe fn store_row(acc: &[__m256; LANES], y: &Output, at: usize) {
+    let v = _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+        _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
+    );
+    let mut out = [0.0f32; GROUP];
+    _mm256_storeu_ps(out.as_mut_ptr(), v);
+    for (c, v) in out.iter().enumerate() {
+        y.set(at + c, *v);
     }
 }
 

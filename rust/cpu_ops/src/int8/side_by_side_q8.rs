@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::side_by_side::{GROUP, MAX_BLOCKS};
+use super::side_by_side::{combine, store_row, GROUP, MAX_BLOCKS};
 use super::{Activations, LANES};
 use crate::threads::Output;
 use crate::{Q8Weights, BLOCK};
@@ -77,24 +77,11 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Q8Weights<'_>, c0: usize, y: 
                     let zero = _mm256_setzero_ps();
                     (zero, zero, zero)
                 };
-                let db = _mm256_broadcast_ss(&*d.add(b));
-                *acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, db), isum, *acc);
-                if has_offset {
-                    let sb = _mm256_broadcast_ss(&*sum.add(b));
-                    *acc = _mm256_fmadd_ps(_mm256_mul_ps(offset, db), sb, *acc);
-                }
+                let offset = has_offset.then_some(offset);
+                combine(acc, isum, scale, offset, *d.add(b), *sum.add(b));
             }
         }
-        // `plain::hsum`'s tree, lane by lane of the eight columns
-        let v = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-            _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
-        );
-        let mut out = [0.0f32; GROUP];
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
-        for (c, v) in out.iter().enumerate() {
-            y.set(r * w.n + c0 + c, *v);
-        }
+        store_row(&acc, y, r * w.n + c0);
     }
 }
 
