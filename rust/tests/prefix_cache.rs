@@ -57,11 +57,17 @@ fn token(q: u32, pos: usize) -> u32 {
     q * 10_000 + pos as u32
 }
 
+/// The content of a position: splitmix64's finaliser (a bijection) of the content before it plus
+/// the token times an odd constant. The model finds a page's parent by content, so contents must
+/// not collide: the earlier `(before ^ token) * K` gave 1 both for token 0 after 0 and for token 1
+/// after 1, and a page looked like the parent of its own sibling (saved in proptest-regressions).
 fn content(before: u64, token: u32) -> u64 {
-    (before ^ u64::from(token))
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .rotate_left(29)
-        .wrapping_add(1)
+    let mut z = before
+        .wrapping_add(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(u64::from(token).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[derive(Debug, Clone, Default)]
