@@ -1,7 +1,8 @@
 """The built-in runners' ``embed`` (runner/embedding.py) on the real default model: it neither
 reads nor writes the pool's cells, so a running request's K/V stays bit for bit and the vector
 does not depend on what the pool holds; and it is the mean of the final-norm hidden states,
-normalised (the pooling the docs promise), on the dense prompt path and on the block path alike.
+normalised (the pooling the docs promise), on the dense prompt path and on the block path alike,
+with float32 activations against the blocks even where decode rows take int8 ones (the default).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ PAGE = 16
 PROMPT = "Explain in two sentences why the sky is blue. " * 8  # > 64 rows: prompt-sized GEMMs
 
 
-def build(prompt_path: str) -> NativeCpuRunner:
-    config = ModelConfig(threads=1, prompt_path=prompt_path)
+def build(block_dot: str) -> NativeCpuRunner:
+    config = ModelConfig(threads=1, block_dot=block_dot)
     return NativeCpuRunner(config, PoolConfig(kv_cells=512, page_size=PAGE))
 
 
-@pytest.fixture(scope="module", params=["auto", "same"])
+@pytest.fixture(scope="module", params=["float32", "auto"])
 def runner(request: pytest.FixtureRequest) -> NativeCpuRunner:
-    """``auto``: the float32 dense prompt GEMM on AVX2; ``same``: the block products."""
+    """``float32``: float32 activations, whose prompts take a dense GEMM (float32 on AVX2,
+    which embed uses too; bfloat16 where the CPU has it natively, which embed leaves to the
+    prompts); ``auto``: int8 activations for decode rows, prompts on the block products."""
     torch.set_num_threads(1)
     return build(str(request.param))
 
@@ -55,6 +58,17 @@ def test_embed_is_the_normalised_mean_of_the_final_norm_hidden_states(
     kv = KVCache.allocate(runner.loaded.arch, 1, PAGE * 2, torch.float32, torch.device("cpu"))
     cells = torch.arange(n)
     meta = AttentionMetadata(cells, [0, n], [n], cells[None], n)
-    ops = runner.ops_for_prompts if runner.prompt_min_rows is not None else runner.ops
-    hidden = model.final_hidden(torch.tensor(ids), cells, meta, kv, ops)
-    assert torch.equal(runner.embed(ids), F.normalize(hidden.mean(dim=0), dim=0))
+    paths = runner.cpu_paths
+    assert paths is not None
+    # the dense prompt GEMM where it is float32 (AVX2), not a bfloat16 one (native bf16 CPUs)
+    ops = runner.ops_for_prompts if paths.prompt_dtype == paths.dtype else runner.ops
+    int8 = paths.block_dot == "int8"
+    assert int8 == (paths.prompt_dtype is None)  # the defaults: int8 rows, prompts on the blocks
+    model.set_block_dot(int8=False)  # the float32 product embed() uses under either block dot
+    try:
+        hidden = model.final_hidden(torch.tensor(ids), cells, meta, kv, ops)
+    finally:
+        model.set_block_dot(int8=int8)
+    got = runner.embed(ids)
+    assert torch.equal(got, F.normalize(hidden.mean(dim=0), dim=0))
+    assert model.lm_head.int8 == int8  # embed() put the decode rows' product back
