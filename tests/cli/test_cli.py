@@ -390,3 +390,21 @@ def test_the_http_stack_flag_picks_the_loop_and_parser(monkeypatch: pytest.Monke
     monkeypatch.delenv("KVPARK_HTTP_STACK")
     with pytest.raises(SystemExit):
         parse(["serve", "--http-stack", "trio"])
+
+
+def test_http_stack_uvloop_without_its_packages_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where uvloop is missing, ``auto`` falls back to asyncio + h11 and an explicit ``uvloop``
+    is refused before any model loads, naming the flag."""
+    import importlib.util
+
+    from kvpark.server.run import http_stack
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    assert http_stack("auto") == (None, "h11")
+    code, err = exit_code_and_error(["serve", "--http-stack", "uvloop"], capsys)
+    assert code == 2 and "--http-stack uvloop needs" in err

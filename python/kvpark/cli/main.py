@@ -176,7 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     sub: argparse.ArgumentParser = args.parser
     if args.command == "serve":
-        from kvpark.server.run import serve
+        from kvpark.server.run import http_stack, serve
 
-        return serve(engine_config(args, sub), server_config(args, sub))
+        served = server_config(args, sub)
+        try:
+            http_stack(served.http_stack)  # a missing package is a usage error, before loading
+        except ValueError as exc:
+            sub.error(str(exc))
+        return serve(engine_config(args, sub), served)
     return run_generate(args, sub)

@@ -107,10 +107,10 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         AsyncEngine,  # torch and the model code: only when serving
     )
 
+    loop_factory, http = http_stack(server_config.http_stack)
     configure_logging(server_config.log_format, log_health=server_config.log_health)
     engine = AsyncEngine(engine_config)
     app = build_app(engine, server_config)
-    loop_factory, http = http_stack(server_config.http_stack)
     config = uvicorn.Config(
         app,
         host=server_config.host,
