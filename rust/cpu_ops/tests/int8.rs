@@ -54,10 +54,13 @@ proptest! {
             let row = scratch.row(r);
             (row.q.to_vec(), row.d.to_vec(), row.sum.to_vec())
         }).collect();
-        for kernel in I8Kernel::available() {
+        // one row: the one-row kernel and the column kernel
+        let paths = if rows == 1 { &[true, false][..] } else { &[true][..] };
+        for (kernel, &one_row) in I8Kernel::available().into_iter().flat_map(|k| paths.iter().map(move |p| (k, p))) {
+            scratch.set_one_row(one_row);
             let y = product(&x, rows, m.view(), kernel, &mut scratch);
             for (i, (a, b)) in y.iter().zip(&plain).enumerate() {
-                prop_assert!(same(*a, *b), "{kernel:?} output {i}: {a} vs plain {b}");
+                prop_assert!(same(*a, *b), "{kernel:?} (one-row kernel {one_row}) output {i}: {a} vs plain {b}");
             }
             for (r, (q, d, sum)) in q_plain.iter().enumerate() {
                 let row = scratch.row(r);

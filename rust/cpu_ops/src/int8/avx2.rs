@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::one_row;
 use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
@@ -15,6 +16,15 @@ impl Dot for Maddubs {
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+
+    /// Both `vpmaddubsw` added in i16, then one `vpmaddwd`: each i16 lane holds four products of
+    /// a nibble and an activation, at most 4 * 15 * 127 = 7620 (only 4-bit weights come here:
+    /// `one_row.rs`).
+    #[inline(always)]
+    unsafe fn pair(u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i {
+        let pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
     }
 }
 
@@ -52,4 +62,18 @@ pub(super) unsafe fn columns(
     y: &Output,
 ) {
     simd::columns::<Maddubs>(a, w, cols, y)
+}
+
+/// See `one_row::columns`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn one_row(
+    a: &Activations<'_>,
+    w: Q4Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    one_row::columns::<Maddubs>(a, w, cols, y)
 }

@@ -74,6 +74,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod one_row;
 mod plain;
 mod quantise;
 mod scratch;
@@ -219,6 +221,8 @@ pub(crate) struct Activations<'a> {
     pub k: usize,
     /// Blocks per row rounded up to a multiple of [`LANES`].
     pub padded: usize,
+    /// One row's `q` in the order of `one_row.rs` (empty for more rows, or off).
+    pub pairs: &'a [i8],
 }
 
 /// Output columns `cols` of every row, on `kernel` (which [`matmul_i8`] checked runs here).
@@ -258,6 +262,20 @@ fn columns(
                 c += side_by_side::GROUP;
             }
             return columns_one_by_one(kernel, a, w, c..cols.end, y);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Weights::Q4(q4) = w {
+        if !a.pairs.is_empty() {
+            // SAFETY: as below; `pairs` is set for one row only (I8Scratch::quantise).
+            unsafe {
+                match kernel {
+                    I8Kernel::Avx512Vnni => vnni::one_row(a, q4, cols, y),
+                    I8Kernel::Avx2 => avx2::one_row(a, q4, cols, y),
+                    I8Kernel::Plain => plain::columns(a, w, cols, y),
+                }
+            }
+            return;
         }
     }
     columns_one_by_one(kernel, a, w, cols, y)

@@ -16,6 +16,10 @@ pub struct I8Scratch {
     q: Vec<i8>,
     d: Vec<f32>,
     sum: Vec<f32>,
+    /// One row's `q` laid out for `one_row.rs`; empty unless one row and a SIMD kernel.
+    pairs: Vec<i8>,
+    /// Whether one row takes `one_row.rs` (None: unless `KVPARK_CPU_ONE_ROW=off`).
+    one_row: Option<bool>,
     rows: usize,
     k: usize,
 }
@@ -72,7 +76,22 @@ impl I8Scratch {
             d[k / BLOCK..].fill(0.0);
             sum[k / BLOCK..].fill(0.0);
         }
+        self.pairs.clear();
+        #[cfg(target_arch = "x86_64")]
+        if rows == 1
+            && kernel != I8Kernel::Plain
+            && self.one_row.unwrap_or_else(super::one_row::enabled)
+        {
+            super::one_row::lay_out_pairs(&self.q, &mut self.pairs);
+        }
         Ok(())
+    }
+
+    /// Sends the products of one row to the one-row kernel (`int8/one_row.rs`) or keeps them
+    /// on the column kernel (the same bits: for tests and measuring); by default the one-row
+    /// kernel unless `KVPARK_CPU_ONE_ROW=off`.
+    pub fn set_one_row(&mut self, on: bool) {
+        self.one_row = Some(on);
     }
 
     /// Rows held.
@@ -101,6 +120,7 @@ impl I8Scratch {
             rows: self.rows,
             k: self.k,
             padded,
+            pairs: &self.pairs,
         }
     }
 }

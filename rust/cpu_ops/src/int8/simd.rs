@@ -17,6 +17,15 @@ pub(super) trait Dot {
     /// # Safety
     /// The CPU has the instructions the implementation uses.
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
+
+    /// `dot(u1, s1) + dot(u2, s2)` (lane by lane, exact).
+    ///
+    /// # Safety
+    /// As for [`Dot::dot`].
+    #[inline(always)]
+    unsafe fn pair(u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i {
+        _mm256_add_epi32(Self::dot(u1, s1), Self::dot(u2, s2))
+    }
 }
 
 /// Blocks unpacked at a time (a multiple of [`LANES`], so groups stay aligned to lanes): 2 KiB.
@@ -227,7 +236,7 @@ unsafe fn reduce(v: &[__m256i; LANES]) -> __m256i {
 /// `m` f32 from `p`, +0 in the lanes past them (which may lie past the matrix: masked lanes
 /// are never read).
 #[inline(always)]
-unsafe fn load_lanes(p: *const f32, m: usize) -> __m256 {
+pub(super) unsafe fn load_lanes(p: *const f32, m: usize) -> __m256 {
     if m == LANES {
         _mm256_loadu_ps(p)
     } else {

@@ -4,6 +4,7 @@
 
 use std::arch::x86_64::*;
 
+use super::one_row;
 use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
@@ -16,6 +17,11 @@ impl Dot for Dpbusd {
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn pair(u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(Self::dot(u1, s1), u2, s2)
     }
 }
 
@@ -52,4 +58,18 @@ pub(super) unsafe fn columns(
     y: &Output,
 ) {
     simd::columns::<Dpbusd>(a, w, cols, y)
+}
+
+/// See `one_row::columns`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and AVX-512 F, BW, VL and VNNI; as `one_row::columns` requires.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn one_row(
+    a: &Activations<'_>,
+    w: Q4Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    one_row::columns::<Dpbusd>(a, w, cols, y)
 }
