@@ -157,11 +157,36 @@ class GgufFile:
             return None
         _, raw = self._raw(info)
         shape = (info.shape[1], info.shape[0])
-        return make(info.qtype, torch.from_numpy(raw.copy()), shape)
+        weight = make(info.qtype, torch.from_numpy(raw.copy()), shape)
+        self._release(info, raw.nbytes)
+        return weight
+
+    def _release(self, info: TensorInfo, n_bytes: int) -> None:
+        """Drop a tensor's pages of the file from this process once its bytes are copied.
+
+        Every page read through the mapping stays resident (and counts in the server's RSS)
+        until the mapping is closed with this object; so the whole file (96 MB for the default
+        model) sat beside the copies made from it at the peak. The file stays in the page
+        cache, and a later read of these pages faults them back.
+        """
+        advise = getattr(self._mm, "madvise", None)
+        dontneed = getattr(mmap, "MADV_DONTNEED", None)
+        if advise is None or dontneed is None:  # not Linux: the mapping's close does it
+            return
+        start = self._data_start + info.offset
+        first = start // mmap.PAGESIZE * mmap.PAGESIZE
+        advise(dontneed, first, min(start + n_bytes, len(self._mm)) - first)
 
     def load(self, info: TensorInfo) -> torch.Tensor:
         """One tensor dequantised, in torch layout (ggml shape reversed); float32, f16 or bf16."""
         qtype, raw = self._raw(info)
+        tensor = self._dequantised(info, qtype, raw)
+        self._release(info, raw.nbytes)
+        return tensor
+
+    def _dequantised(
+        self, info: TensorInfo, qtype: GGMLQuantizationType, raw: np.ndarray
+    ) -> torch.Tensor:
         block, type_size = GGML_QUANT_SIZES[qtype]
         shape = tuple(reversed(info.shape))
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):

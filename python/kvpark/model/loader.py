@@ -6,6 +6,7 @@ package, found without importing it (importing needs the ``llm`` CLI package, wh
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -74,7 +75,24 @@ def load_model(
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
     model.eval()
+    _return_freed_heap()
     return LoadedModel(model, tokenizer, model.arch, name, time.perf_counter() - start)
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap that loading freed back to the OS (glibc only; elsewhere a no-op).
+
+    Loading allocates and drops a copy or two of every tensor (the raw blocks, then their
+    split arrays). glibc keeps the freed chunks inside the process, where they count in its
+    resident memory for as long as it serves: ~85 MB after the default model.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def load_tokenizer(path: str | None = None) -> Tokenizer:
