@@ -27,6 +27,23 @@ def test_greedy_takes_the_argmax() -> None:
     assert draws(SamplingParams(temperature=0.0), n=3) == {0}
 
 
+def test_greedy_rows_take_torchs_argmax_ties_and_nans_included() -> None:
+    """The greedy fast path (numpy's argmax on the CPU) picks what ``torch.argmax`` does: the
+    first of equal maxima, the first NaN, the first +inf; each row on its own."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 49152)
+    logits[1, [70, 9000]] = float("nan")
+    logits[2] = 0.5  # all tied
+    logits[3, [11, 40000]] = float("inf")
+    logits[4, [5, 6]] = logits[4].max() + 1.0  # a tie at the top
+    logits[5] = float("-inf")
+    rows = [
+        SampleRow(SamplingParams(temperature=0.0), [make_generator(1, 0)], []) for _ in range(6)
+    ]
+    got = [drawn[0][0] for drawn in sample_rows(logits, rows)]
+    assert got == logits.argmax(dim=-1).tolist() == got[:1] + [70, 0, 11, 5, 0]
+
+
 def test_top_k_keeps_only_the_k_best() -> None:
     assert draws(SamplingParams(temperature=1.0, top_k=2)) == {0, 1}
 

@@ -65,9 +65,10 @@ class KVCache:
             cache.index_copy_(0, dst_idx, cache.index_select(0, src_idx))
 
     def bytes_per_cell(self) -> int:
-        """K and V of one token, all layers."""
-        per_layer = self.k[0][0, 0].numel() * self.k[0].element_size()
-        return 2 * len(self.k) * per_layer
+        """K and V of one token, all layers. Plain arithmetic on the shape, no tensor op: the
+        preemption planner asks for it once per request every step."""
+        _, _, heads, dim = self.k[0].shape
+        return 2 * len(self.k) * heads * dim * self.k[0].element_size()
 
     # ---- the host-buffer layout of saved cells (swap parks), owned here and nowhere else:
     # [2 * layers, n_cells, kv_heads, head_dim], K of layer l at row 2l and V at 2l + 1, cells in
