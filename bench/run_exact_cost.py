@@ -5,8 +5,8 @@
 Starts ``python -m kvpark serve`` on 127.0.0.1 in normal mode, then with ``--exact`` (never both at
 once: they would share the cores), runs the same seeded ``kvpark bench`` sweep against each
 (``--concurrency``, 1, 4 and 8 chats by default), and writes every run with the exact/normal ratios
-of aggregate tok/s per level. Goal (issue 4): at least 0.8x at 8 chats. Server logs go to
-``<out>/logs/``; the 1-minute load average before and after each sweep is kept in the JSON.
+of aggregate tok/s per level. Goal: at least 0.9x at 8 chats (issue 12; issue 4 asked 0.8x on the
+torch path). Server logs go to ``<out>/logs/``; the 1-minute load average before and after each sweep is kept in the JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from peer_llamacpp import managed_server
 from run_cpu_comparison import cpu_flags, cpu_name, default_model
 
 NORMAL, EXACT = "kvpark normal", "kvpark exact"
-GOAL_AT_8 = 0.8
+GOAL_AT_8 = 0.9
 
 
 def main() -> int:

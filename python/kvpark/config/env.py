@@ -48,6 +48,12 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
         Knob(
+            "KVPARK_GC_FREEZE",
+            "on",
+            "off: leave the objects loading made (torch's, the model's, the tokenizer's) to "
+            "Python's collector instead of freezing them (gc.freeze) once the server is ready.",
+        ),
+        Knob(
             "KVPARK_CPU_ISA",
             "auto",
             "Cap the CPU paths at avx512, avx2 or plain (auto: what the CPU has): the Rust "
@@ -80,11 +86,12 @@ def raw(name: str, environ: Mapping[str, str] | None = None) -> str:
 
 @dataclass(frozen=True)
 class Knobs:
-    """The test knobs, parsed once (the engine reads them at start)."""
+    """The knobs, parsed once (the engine reads them at start)."""
 
     preempt_every: int = 0
     preempt_fail_save: bool = False
     preempt_planner: bool = True
+    gc_freeze: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Knobs:
@@ -102,6 +109,7 @@ class Knobs:
             preempt_every=every,
             preempt_fail_save=parse_bool(raw("KVPARK_PREEMPT_FAIL_SAVE", environ)),
             preempt_planner=planner == "on",
+            gc_freeze=parse_bool(raw("KVPARK_GC_FREEZE", environ)),
         )
 
 
