@@ -6,7 +6,8 @@ Starts ``python -m kvpark serve`` on 127.0.0.1 in normal mode, then with ``--exa
 once: they would share the cores), runs the same seeded ``kvpark bench`` sweep against each
 (``--concurrency``, 1, 4 and 8 chats by default), and writes every run with the exact/normal ratios
 of aggregate tok/s per level. Goal: at least 0.9x at 8 chats (issue 12; issue 4 asked 0.8x on the
-torch path). Server logs go to ``<out>/logs/``; the 1-minute load average before and after each sweep is kept in the JSON.
+torch path). Server logs go to ``<out>/logs/``; the 1-minute load average before and after each
+sweep is kept in the JSON.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def test_greedy_rows_take_torchs_argmax_ties_and_nans_included() -> None:
         SampleRow(SamplingParams(temperature=0.0), [make_generator(1, 0)], []) for _ in range(6)
     ]
     got = [drawn[0][0] for drawn in sample_rows(logits, rows)]
-    assert got == logits.argmax(dim=-1).tolist() == got[:1] + [70, 0, 11, 5, 0]
+    assert got == logits.argmax(dim=-1).tolist() == [*got[:1], 70, 0, 11, 5, 0]
 
 
 def test_top_k_keeps_only_the_k_best() -> None:

@@ -11,7 +11,6 @@ stats line comes every ``--log-stats-interval`` seconds (``stats_log.py``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib.util
 import json
 import logging
@@ -25,6 +24,7 @@ from kvpark.config import env
 from kvpark.config.env import Knobs
 from kvpark.config.layers import EngineConfig, ServerConfig
 from kvpark.server.app import build_app
+from kvpark.server.process_memory import freeze_loaded_objects, limit_malloc_arenas
 from kvpark.server.stats_log import log_stats_every
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ def configure_logging(log_format: str, level: str | None = None, log_health: boo
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Run the server until it is stopped; the process exit status."""
+    limit_malloc_arenas()  # before the engine, the event loop and the request threads start
     from kvpark.engine.async_engine import (
         AsyncEngine,  # torch and the model code: only when serving
     )
@@ -150,18 +151,3 @@ async def _watch_loading(server: uvicorn.Server, engine: AsyncEngine, config: Se
     if Knobs.from_env().gc_freeze:
         freeze_loaded_objects()
     log.info("ready: serving %s on http://%s:%d", engine.model_name, config.host, config.port)
-
-
-def freeze_loaded_objects() -> None:
-    """Move every object alive now out of the cyclic collector's reach (``gc.freeze``).
-
-    Loading leaves ~1M objects that live as long as the server (torch's operator tables, the
-    model's modules, the tokenizer's vocabulary). Python's oldest-generation collection walks
-    all of them: 113 ms for the default model on a 2-core EPYC, with the GIL held, so every
-    stream stalls that long whenever one runs. Frozen, they are never walked again; what serving
-    creates is collected as before. Loading's garbage goes first, so that none of it is kept.
-    Only here, in the server: a process that builds and drops engines (tests, scripts using
-    ``kvpark.LLM``) would keep the cycles of the dropped ones. ``KVPARK_GC_FREEZE=off`` skips it.
-    """
-    gc.collect()
-    gc.freeze()

@@ -1,18 +1,20 @@
-"""``kvpark serve`` freezes what loading made (``gc.freeze``) once the engine is ready, unless
-``KVPARK_GC_FREEZE=off``: a full collection would otherwise walk ~1M long-lived objects, ~0.1 s
-with the GIL held, in the middle of the streams."""
+"""The server process's memory habits (process_memory.py): ``kvpark serve`` freezes what loading
+made (``gc.freeze``) once the engine is ready, unless ``KVPARK_GC_FREEZE=off`` (a full collection
+would otherwise walk ~1M long-lived objects, ~0.1 s with the GIL held, in the middle of the
+streams), and caps glibc's malloc arenas unless ``MALLOC_ARENA_MAX`` is set."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import platform
 import weakref
 from types import SimpleNamespace
 
 import pytest
 
 from kvpark.config.layers import ServerConfig
-from kvpark.server import run
+from kvpark.server import process_memory, run
 
 
 class _Cycle:
@@ -26,7 +28,7 @@ def test_freezing_collects_the_garbage_first_then_freezes_the_rest() -> None:
     del garbage  # a cycle: only the collector frees it
     kept = [_Cycle() for _ in range(3)]
     try:
-        run.freeze_loaded_objects()
+        process_memory.freeze_loaded_objects()
         assert gone() is None, "loading's garbage was frozen instead of collected"
         assert gc.get_freeze_count() >= len(kept)
         before = gc.get_freeze_count()
@@ -59,3 +61,13 @@ def test_a_failed_load_freezes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     server = SimpleNamespace(should_exit=False)
     asyncio.run(run._watch_loading(server, engine, ServerConfig()))  # type: ignore[arg-type]
     assert calls == [] and server.should_exit
+
+
+def test_the_malloc_arenas_are_capped_unless_the_environment_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """glibc's own ``MALLOC_ARENA_MAX`` wins; otherwise ``mallopt`` takes the cap (on glibc)."""
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    assert not process_memory.limit_malloc_arenas()
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    assert process_memory.limit_malloc_arenas() == (platform.libc_ver()[0] == "glibc")
