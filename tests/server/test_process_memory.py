@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import platform
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from kvpark.config.layers import ServerConfig
 from kvpark.server import process_memory, run
@@ -71,3 +76,65 @@ def test_the_malloc_arenas_are_capped_unless_the_environment_says(
     assert not process_memory.limit_malloc_arenas()
     monkeypatch.delenv("MALLOC_ARENA_MAX")
     assert process_memory.limit_malloc_arenas() == (platform.libc_ver()[0] == "glibc")
+
+
+_RELEASE = """
+import json, mmap, sys
+from kvpark.server import process_memory as pm
+
+def resident_kib(path):
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        f = line.split()
+        if "-" in f[0] and len(f) >= 5 and ":" in f[3]:
+            inside = len(f) >= 6 and f[5] == path
+        elif inside and f[0] == "Rss:":
+            total += int(f[1])
+    return total
+
+path = sys.argv[1]
+with open(path, "rb") as f:
+    lib = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+assert sum(lib[i] for i in range(0, len(lib), mmap.PAGESIZE)) >= 0  # touch every page
+before = resident_kib(path)
+advised = pm.release_gpu_libraries()
+after = resident_kib(path)
+import torch  # (already loaded through kvpark's imports) still works after the release
+product = float((torch.ones(64, 64) @ torch.ones(64, 64))[0, 0])
+print(json.dumps({"before": before, "after": after, "advised": advised, "product": product}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc")
+def test_the_gpu_libraries_pages_are_handed_back(tmp_path: Path) -> None:
+    """A library under ``nvidia/`` that only this fresh process maps, every page read: after
+    the release its pages are gone from the process (a page other processes map too stays: the
+    kernel reclaims only pages mapped once, so the test cannot use torch's, which pytest holds).
+    torch's own GPU libraries are advised with it (the CUDA build), and torch still computes."""
+    lib = tmp_path / "nvidia" / "lib" / "libkvpark_test_gpu.so.1"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(bytes(range(256)) * (8 << 12))  # 8 MiB
+    out = subprocess.run(
+        [sys.executable, "-c", _RELEASE, str(lib)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] >= 8 * 1024 - 64, got  # all of it was resident
+    assert got["after"] < 1024, got
+    assert got["advised"] >= (2 if "+cu" in torch.__version__ else 1), got
+    assert got["product"] == 64.0
+
+
+def test_the_gpu_libraries_stay_where_switched_off_or_on_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``serve`` asks for the release only on the CPU and unless ``KVPARK_RELEASE_GPU_LIBS=off``."""
+    from kvpark.config.env import Knobs
+
+    monkeypatch.setenv("KVPARK_RELEASE_GPU_LIBS", "off")
+    assert not Knobs.from_env().release_gpu_libs
+    monkeypatch.delenv("KVPARK_RELEASE_GPU_LIBS")
+    assert Knobs.from_env().release_gpu_libs

@@ -48,6 +48,12 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
         Knob(
+            "KVPARK_RELEASE_GPU_LIBS",
+            "on",
+            "off: keep the CUDA build of torch's GPU libraries resident on a CPU-only server "
+            "instead of handing their pages back after the import.",
+        ),
+        Knob(
             "KVPARK_GC_FREEZE",
             "on",
             "off: leave the objects loading made (torch's, the model's, the tokenizer's) to "
@@ -92,6 +98,7 @@ class Knobs:
     preempt_fail_save: bool = False
     preempt_planner: bool = True
     gc_freeze: bool = True
+    release_gpu_libs: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Knobs:
@@ -110,6 +117,7 @@ class Knobs:
             preempt_fail_save=parse_bool(raw("KVPARK_PREEMPT_FAIL_SAVE", environ)),
             preempt_planner=planner == "on",
             gc_freeze=parse_bool(raw("KVPARK_GC_FREEZE", environ)),
+            release_gpu_libs=parse_bool(raw("KVPARK_RELEASE_GPU_LIBS", environ)),
         )
 
 

@@ -24,7 +24,11 @@ from kvpark.config import env
 from kvpark.config.env import Knobs
 from kvpark.config.layers import EngineConfig, ServerConfig
 from kvpark.server.app import build_app
-from kvpark.server.process_memory import freeze_loaded_objects, limit_malloc_arenas
+from kvpark.server.process_memory import (
+    freeze_loaded_objects,
+    limit_malloc_arenas,
+    release_gpu_libraries,
+)
 from kvpark.server.stats_log import log_stats_every
 
 if TYPE_CHECKING:
@@ -109,9 +113,14 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     from kvpark.engine.async_engine import (
         AsyncEngine,  # torch and the model code: only when serving
     )
+    from kvpark.runner.torch_runner import resolve_device
 
     loop_factory, http = http_stack(server_config.http_stack)
     configure_logging(server_config.log_format, log_health=server_config.log_health)
+    on_cpu = resolve_device(engine_config.model.device).type == "cpu"
+    if on_cpu and Knobs.from_env().release_gpu_libs:
+        released = release_gpu_libraries()  # before the model loads: the peak is what follows
+        log.info("CPU server: the GPU libraries' pages handed back (%d mappings)", released)
     engine = AsyncEngine(engine_config)
     app = build_app(engine, server_config)
     config = uvicorn.Config(
