@@ -52,6 +52,14 @@ _Delivery = tuple["asyncio.Queue[list[StreamEvent]]", list[StreamEvent]]
 _Add = tuple[str, list[int], SamplingParams]
 
 
+def device_type(config: EngineConfig) -> str:
+    """Where the built-in runners put the model for ``config`` (``cpu``, ``cuda``): what the
+    server decides its process habits by before the model loads (server/process_memory.py)."""
+    from kvpark.runner.torch_runner import resolve_device  # the model code: only when asked
+
+    return resolve_device(config.model.device).type
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
         """``runner`` as for ``LLMEngine``; it is built on the engine thread when a factory."""

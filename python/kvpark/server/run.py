@@ -110,15 +110,14 @@ def configure_logging(log_format: str, level: str | None = None, log_health: boo
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Run the server until it is stopped; the process exit status."""
     limit_malloc_arenas()  # before the engine, the event loop and the request threads start
-    from kvpark.engine.async_engine import (
-        AsyncEngine,  # torch and the model code: only when serving
+    from kvpark.engine.async_engine import (  # torch and the model code: only when serving
+        AsyncEngine,
+        device_type,
     )
-    from kvpark.runner.torch_runner import resolve_device
 
     loop_factory, http = http_stack(server_config.http_stack)
     configure_logging(server_config.log_format, log_health=server_config.log_health)
-    on_cpu = resolve_device(engine_config.model.device).type == "cpu"
-    if on_cpu and Knobs.from_env().release_gpu_libs:
+    if device_type(engine_config) == "cpu" and Knobs.from_env().release_gpu_libs:
         released = release_gpu_libraries()  # before the model loads: the peak is what follows
         log.info("CPU server: the GPU libraries' pages handed back (%d mappings)", released)
     engine = AsyncEngine(engine_config)
