@@ -66,6 +66,18 @@ def pressure(policy: str) -> Iterator[Server]:
     yield from serve_for_module(*flags(POOL, 3, 128, *more))
 
 
+@pytest.fixture(scope="module")
+def slow_pressure(policy: str) -> Iterator[Server]:
+    """The same pool on the slowest built-in path: the torch runner on dense float32 weights, one
+    thread (~27 tok/s on a 2-core EPYC). The rotation scenario needs its resident still decoding
+    when the late prompt has waited the planner's 2 s (``rotate_after_ms``): the native decoder
+    (~150 tok/s) finished the resident's last 146 tokens in about one, the torch runner on the
+    blocks (~77) in about two, and no rotation was due."""
+    slow = ("--runner", "torch", "--threads", "1", "--weights", "dense", "--dtype", "float32")
+    more = ("--preempt-policy", policy, "--sse-ping-interval", "1", *slow)
+    yield from serve_for_module(*flags(POOL, 3, 128, *more))
+
+
 # ================================================================================= pressure
 
 
@@ -147,25 +159,29 @@ SHORT_PROMPT = 4
 
 
 @pytest.fixture(scope="module")
-def late_run(pressure: Server) -> LateRun:
+def late_run(slow_pressure: Server) -> LateRun:
     """The resident holds 19-20 pages when the late prompt arrives; its first 127-row chunk fits
     (8 pages), its second (5 more) does not: it is parked in its prefill, before its first token,
     by either policy (``cost``: it holds fewer cells than the resident). It waits 2 s, then
     rotates the resident out; short requests keep arriving meanwhile."""
-    before = pressure.metrics()
-    with Watcher(pressure) as watcher:
-        resident = stream(pressure, {"prompt": ids(300), "max_tokens": 150, "ignore_eos": True})
+    before = slow_pressure.metrics()
+    with Watcher(slow_pressure) as watcher:
+        resident = stream(
+            slow_pressure, {"prompt": ids(300), "max_tokens": 150, "ignore_eos": True}
+        )
         wait_until(
             "the resident decodes", lambda: len(resident.data) >= 4 or resident.done.is_set()
         )
-        late = stream(pressure, {"prompt": ids(200, 5000), "max_tokens": 16, "ignore_eos": True})
+        late = stream(
+            slow_pressure, {"prompt": ids(200, 5000), "max_tokens": 16, "ignore_eos": True}
+        )
         wait_until("the late prompt is parked", lambda: bool(late.notices) or late.done.is_set())
         assert late.notices[:1] == [": preempted"], "precondition not met: nothing was parked"
         shorts: list[tuple[float, float, int]] = []
 
         def short(sent: float) -> None:
             body = {"prompt": ids(SHORT_PROMPT, 9000), "max_tokens": 2, "ignore_eos": True}
-            r = post(pressure, "/v1/completions", body)
+            r = post(slow_pressure, "/v1/completions", body)
             shorts.append((sent, time.monotonic(), r.status_code))
 
         senders = []
@@ -180,8 +196,8 @@ def late_run(pressure: Server) -> LateRun:
         resident.wait()
         for sender in senders:
             sender.join(SCENARIO_TIMEOUT_S)
-    after = settle(pressure, before)
-    return LateRun(resident, late, shorts, watcher, before, after, pressure.log())
+    after = settle(slow_pressure, before)
+    return LateRun(resident, late, shorts, watcher, before, after, slow_pressure.log())
 
 
 def test_a_late_prompt_and_a_generating_request_both_finish_counting_the_prompt_once(
