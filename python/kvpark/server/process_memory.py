@@ -30,15 +30,20 @@ _MADV_PAGEOUT = 21  # madvise's advice number (Linux 5.4+, asm-generic/mman-comm
 GPU_LIBRARIES = ("/nvidia/", "/libtorch_cuda", "/libc10_cuda", "/libcudart", "/libnccl")
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, where it is glibc's ``libc.so.6``; None elsewhere."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def limit_malloc_arenas(arenas: int = SERVER_ARENAS) -> bool:
     """Cap glibc's malloc arenas at ``arenas`` unless ``MALLOC_ARENA_MAX`` is set; whether it
     did. Threads started before keep the arenas they have."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False  # not glibc
+    libc = _glibc()
     mallopt = getattr(libc, "mallopt", None)
     return mallopt is not None and mallopt(_M_ARENA_MAX, arenas) == 1
 
@@ -53,11 +58,13 @@ def release_gpu_libraries(maps: str = "/proc/self/maps") -> int:
     back from the file. Only for a process that runs no GPU kernel: ``kvpark serve`` calls it when
     the model's device is the CPU (``KVPARK_RELEASE_GPU_LIBS=off`` keeps them).
     """
+    libc = _glibc()
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
         lines = Path(maps).read_text().splitlines()
     except OSError:
-        return 0  # not Linux with glibc
+        return 0  # not Linux
+    if libc is None:
+        return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     advised = 0
     for line in lines:

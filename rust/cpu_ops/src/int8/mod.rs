@@ -266,13 +266,12 @@ fn columns(
     }
     #[cfg(target_arch = "x86_64")]
     if let Weights::Q4(q4) = w {
-        if !a.pairs.is_empty() {
+        if kernel != I8Kernel::Plain && !a.pairs.is_empty() {
             // SAFETY: as below; `pairs` is set for one row only (I8Scratch::quantise).
             unsafe {
                 match kernel {
                     I8Kernel::Avx512Vnni => vnni::one_row(a, q4, cols, y),
-                    I8Kernel::Avx2 => avx2::one_row(a, q4, cols, y),
-                    I8Kernel::Plain => plain::columns(a, w, cols, y),
+                    _ => avx2::one_row(a, q4, cols, y),
                 }
             }
             return;
