@@ -408,3 +408,14 @@ def test_http_stack_uvloop_without_its_packages_is_a_usage_error(
     assert http_stack("auto") == (None, "h11")
     code, err = exit_code_and_error(["serve", "--http-stack", "uvloop"], capsys)
     assert code == 2 and "--http-stack uvloop needs" in err
+
+
+@pytest.mark.parametrize("name", ["KVPARK_GC_FREEZE", "KVPARK_RELEASE_GPU_LIBS"])
+def test_a_bad_server_knob_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """A knob that is not a boolean stops ``serve`` before any model loads, naming the
+    variable (it was a traceback from inside the server before)."""
+    monkeypatch.setenv(name, "maybe")
+    code, err = exit_code_and_error(["serve"], capsys)
+    assert code == 2 and f"{name}: 'maybe' is not a boolean" in err

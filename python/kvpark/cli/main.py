@@ -26,6 +26,7 @@ from kvpark.cli.flags import (
     server_config,
 )
 from kvpark.cli.values import HelpFormatter, apply_env, int_at_least
+from kvpark.config import env
 from kvpark.config.layers import EngineConfig
 
 
@@ -181,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = server_config(args, sub)
         try:
             http_stack(served.http_stack)  # a missing package is a usage error, before loading
+            env.Knobs.from_env()  # so is a knob's bad value
         except ValueError as exc:
             sub.error(str(exc))
         return serve(engine_config(args, sub), served)

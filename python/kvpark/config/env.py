@@ -114,11 +114,19 @@ class Knobs:
             raise ValueError(f"KVPARK_PREEMPT_PLANNER={planner!r}: use on or off")
         return cls(
             preempt_every=every,
-            preempt_fail_save=parse_bool(raw("KVPARK_PREEMPT_FAIL_SAVE", environ)),
+            preempt_fail_save=_bool_knob("KVPARK_PREEMPT_FAIL_SAVE", environ),
             preempt_planner=planner == "on",
-            gc_freeze=parse_bool(raw("KVPARK_GC_FREEZE", environ)),
-            release_gpu_libs=parse_bool(raw("KVPARK_RELEASE_GPU_LIBS", environ)),
+            gc_freeze=_bool_knob("KVPARK_GC_FREEZE", environ),
+            release_gpu_libs=_bool_knob("KVPARK_RELEASE_GPU_LIBS", environ),
         )
+
+
+def _bool_knob(name: str, environ: Mapping[str, str] | None) -> bool:
+    """A boolean knob; a ValueError that names the variable for any other word."""
+    try:
+        return parse_bool(raw(name, environ))
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 # What KVPARK_CPU_ISA sets for torch's own kernels (ATen's dispatch, oneDNN, MKL), where unset.
