@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
     from kvpark.engine.llm import LLM, RequestOutput
     from kvpark.engine.llm_engine import LLMEngine, RequestRejected
-    from kvpark.model.loader import load_tokenizer
+    from kvpark.model.sources import load_tokenizer
     from kvpark.runner.protocol import Runner, RunnerFactory
     from kvpark.sampling.params import SamplingParams
     from kvpark.sched.plan import StepItem, StepPlan
@@ -47,7 +47,7 @@ _EXPORTS = {
     "StepItem": "kvpark.sched.plan",
     "StepPlan": "kvpark.sched.plan",
     "Tokenizer": "kvpark.tokenizer.tokenizer",
-    "load_tokenizer": "kvpark.model.loader",
+    "load_tokenizer": "kvpark.model.sources",
 }
 __all__ = [
     "LLM",

@@ -152,7 +152,13 @@ def test_the_checker_sees_a_circle() -> None:
 
 @pytest.mark.parametrize(
     "statement",
-    ["import kvpark", "import kvpark.core", "import kvpark.sched.scheduler, kvpark.sched.plan"],
+    [
+        "import kvpark",
+        "import kvpark.core",
+        "import kvpark.sched.scheduler, kvpark.sched.plan",
+        # the CPU server's whole path: the lean runner, the engine, the sampler, parking
+        "import kvpark.server.app, kvpark.runner.lean_runner, kvpark.runner.protocol",
+    ],
 )
 def test_these_imports_load_no_torch(statement: str) -> None:
     code = f"{statement}; import sys; print(sorted(m for m in sys.modules if m == 'torch'))"

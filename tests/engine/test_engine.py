@@ -66,7 +66,8 @@ def test_seeded_sampling_is_reproducible_and_choices_differ(llm: kvpark.LLM) -> 
     assert first == again == beside
     other = llm.generate(PROMPTS[1], params.with_seed(99))[0].token_ids
     assert other != first
-    two = llm.generate(PROMPTS[1], SamplingParams(temperature=1.0, seed=5, max_tokens=16, n=2))[0]
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=16, n=2, ignore_eos=True)
+    two = llm.generate(PROMPTS[1], params)[0]
     assert two.choices[0].token_ids != two.choices[1].token_ids
 
 

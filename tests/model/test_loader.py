@@ -60,7 +60,7 @@ def test_each_tensor_leaves_no_file_pages_mapped(default_gguf_path: str, as_bloc
             pass
         else:
             assert g.load(info).numel() == np.prod(info.shape)
-        _, raw = g._raw(info)
+        _, raw = g.raw(info)
         if raw.nbytes >= 256 << 10:
             start = base + g._data_start + info.offset
             assert _present_pages(start, raw.nbytes) == 0, f"{info.name} is still mapped"

@@ -6,12 +6,16 @@ these drive ``kvpark.LLM`` directly so each case can pick its own pool and knobs
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 import torch
 
 import kvpark
 from kvpark import SamplingParams
 from kvpark.engine.outputs import NoticeEvent, TokenEvent
+from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.runner.torch_runner import TorchRunner
 from support.preempt import assert_clean
 
@@ -46,35 +50,75 @@ def logprobs(out: kvpark.RequestOutput) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    ("kv_dtype", "pool"),
-    [("f32", torch.float32), ("bf16", torch.bfloat16), ("f16", torch.float16)],
+    ("kv_dtype", "pool", "runner_name"),
+    [
+        ("f32", "float32", "lean"),
+        ("bf16", "bfloat16", "lean"),
+        ("f16", "float16", "lean"),
+        ("bf16", "bfloat16", "native"),  # the torch pool's copies (KVCache)
+    ],
 )
 def test_forced_swap_parks_leave_tokens_and_logits_exactly(
-    monkeypatch: pytest.MonkeyPatch, kv_dtype: str, pool: torch.dtype
+    monkeypatch: pytest.MonkeyPatch, kv_dtype: str, pool: str, runner_name: str
 ) -> None:
-    plain = make(monkeypatch, preempt=False, kv_dtype=kv_dtype).generate(PROMPT, greedy(40))[0]
-    llm = make(monkeypatch, every=8, kv_dtype=kv_dtype)
+    options = {"kv_dtype": kv_dtype, "runner": runner_name}
+    plain = make(monkeypatch, preempt=False, **options).generate(PROMPT, greedy(40))[0]
+    llm = make(monkeypatch, every=8, **options)
     runner = llm.engine.runner
-    assert isinstance(runner, TorchRunner) and runner.kv.k[0].dtype == pool
-    parks: list[torch.dtype] = []
+    kind = LeanCpuRunner if runner_name == "lean" else TorchRunner
+    assert isinstance(runner, kind) and cell_type(runner) == pool
+    parks: list[str] = []
     save_cells = runner.save_cells
 
-    def save_as_it_is(cells: list[int], out: torch.Tensor) -> None:
+    def save_as_it_is(cells: list[int], out: Any) -> None:
         save_cells(cells, out)
-        parks.append(out.dtype)
-        idx = torch.tensor(cells)
-        assert torch.equal(runner.kv.cell_view(out, len(cells)), runner.kv.gather_cells(idx))
+        parks.append(str(out.dtype).removeprefix("torch."))
+        assert saved_cells(runner, cells, out) == cells_now(runner, cells)
 
     monkeypatch.setattr(runner, "save_cells", save_as_it_is)
     parked = llm.generate(PROMPT, greedy(40))[0]
     assert parked.finished is not None and parked.finished.parks >= 4
     assert parked.finished.recomputes == 0
-    assert len(parks) == parked.finished.parks and set(parks) == {pool}  # cells as they are
+    stored = {"float32": "float32", "bfloat16": "uint16" if runner_name == "lean" else "bfloat16"}
+    stored["float16"] = "float16"
+    assert len(parks) == parked.finished.parks and set(parks) == {stored[pool]}  # cells as they are
     assert parked.token_ids == plain.token_ids
     assert logprobs(parked) == logprobs(plain)  # a swap is a byte copy: bit-identical
     assert llm.engine.stats.preemptions_total["swap"] >= 4
     assert llm.engine.stats.resumes_total == llm.engine.stats.preemptions_total["swap"]
     assert_clean(llm)
+
+
+def cell_type(runner: object) -> str:
+    if isinstance(runner, LeanCpuRunner):
+        return runner.pool.dtype
+    assert isinstance(runner, TorchRunner)
+    return str(runner.kv.k[0].dtype).removeprefix("torch.")
+
+
+def saved_cells(runner: object, cells: list[int], out: Any) -> bytes:
+    """The bytes a park saved for ``cells``, in the saved-cell layout."""
+    per_cell = runner.bytes_per_cell()  # type: ignore[attr-defined]
+    if isinstance(out, torch.Tensor):
+        out = (out.view(torch.int16) if out.dtype == torch.bfloat16 else out).numpy()
+    return bytes(out.view(np.uint8)[: per_cell * len(cells)])
+
+
+def cells_now(runner: object, cells: list[int]) -> bytes:
+    """The same cells' K and V in the pool, laid out as a park saves them."""
+    if isinstance(runner, LeanCpuRunner):
+        heads, dim = runner.pool.cell_shape
+        parts = [
+            c.reshape(-1, heads, dim)[cells]
+            for kv in zip(runner.pool.k, runner.pool.v, strict=True)
+            for c in kv
+        ]
+        return b"".join(p.tobytes() for p in parts)
+    assert isinstance(runner, TorchRunner)
+    gathered = runner.kv.gather_cells(torch.tensor(cells))
+    if gathered.dtype == torch.bfloat16:
+        gathered = gathered.view(torch.int16)
+    return gathered.numpy().tobytes()
 
 
 def test_forced_recompute_parks_keep_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from kvpark import SamplingParams, _core
 from kvpark.config.layers import ModelConfig
 from kvpark.model.ops import cpu_attention
 from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_MIN_ROWS, choose
+from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.runner.torch_runner import TorchRunner, resolve_cpu_paths
 
 AVX512_BF16 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": True}
@@ -203,7 +204,9 @@ def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
     out = {}
     for path in ("same", "float32", "bfloat16"):
         # the dense prompt paths are defaults under float32 activations only
-        llm = kvpark.LLM(prompt_path=path, block_dot="float32", threads=1, kv_cells=1024)
+        llm = kvpark.LLM(
+            runner="native", prompt_path=path, block_dot="float32", threads=1, kv_cells=1024
+        )
         runner = llm.engine.runner
         assert isinstance(runner, kvpark.runner.torch_runner.TorchRunner)
         if path != "same":
@@ -253,7 +256,10 @@ def greedy_by_kv_dtype() -> dict[str, dict[str, list[list[int]]]]:
     for dot in ("float32", "int8"):
         got = out.setdefault(dot, {})
         for spelt, kv_dtype in (("f32", "float32"), ("bf16", "bfloat16"), ("f16", "float16")):
-            llm = kvpark.LLM(kv_dtype=spelt, block_dot=dot, threads=1, kv_cells=1024)
+            # the native runner (the lean one gives its bits, tests/runner/test_lean_runner.py)
+            llm = kvpark.LLM(
+                runner="native", kv_dtype=spelt, block_dot=dot, threads=1, kv_cells=1024
+            )
             runner = llm.engine.runner
             assert isinstance(runner, TorchRunner)
             assert runner.kv.k[0].dtype == getattr(torch, kv_dtype)
@@ -324,10 +330,10 @@ def test_the_default_engine_runs_int8_blocks_with_the_rules_pool() -> None:
     torch.set_num_threads(1)
     llm = kvpark.LLM(threads=1, kv_cells=256)
     runner = llm.engine.runner
-    assert isinstance(runner, TorchRunner) and runner.cpu_paths is not None
-    if runner.cpu_paths.isa == "plain":
+    if isinstance(runner, TorchRunner):  # no AVX2: no blocks, so the torch runner
+        assert runner.cpu_paths is not None and runner.cpu_paths.isa == "plain"
         assert not runner.cpu_paths.blocks and runner.kv.k[0].dtype == torch.bfloat16
         return
+    assert isinstance(runner, LeanCpuRunner)  # the decoder without torch (lean_runner.py)
     assert runner.cpu_paths.block_dot == "int8" and runner.cpu_paths.prompt_dtype is None
-    assert runner.loaded.model.lm_head.int8  # set_block_dot reached the weights
-    assert runner.kv.k[0].dtype == torch.float32
+    assert runner.pool.dtype == "float32"

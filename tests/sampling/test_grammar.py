@@ -92,9 +92,10 @@ def test_gbnf_and_lark_grammars(llm: kvpark.LLM) -> None:
     gbnf = 'root ::= "Answer: " ("yes" | "no") ", because " [a-z ]{3,30} "."'
     text, reason = one(llm, "Is water wet?", params(Constraint("gbnf", gbnf, "grammar"), 1.0))
     assert reason == "stop" and re.fullmatch(r"Answer: (yes|no), because [a-z ]{3,30}\.", text)
-    lark = 'start: "[" NUM ("," NUM)* "]"\nNUM: /[0-9]{1,3}/'
+    # at most four numbers: an open list at temperature 1 may run past max_tokens
+    lark = 'start: "[" NUM ("," NUM)? ("," NUM)? ("," NUM)? "]"\nNUM: /[0-9]{1,3}/'
     text, reason = one(llm, "Some numbers:", params(Constraint("lark", lark, "grammar"), 1.0))
-    assert reason == "stop" and re.fullmatch(r"\[[0-9]{1,3}(,[0-9]{1,3})*\]", text), text
+    assert reason == "stop" and re.fullmatch(r"\[[0-9]{1,3}(,[0-9]{1,3}){0,3}\]", text), text
 
 
 def test_n_choices_each_follow_the_grammar(llm: kvpark.LLM) -> None:
@@ -162,12 +163,12 @@ def test_the_same_constraint_is_compiled_once(llm: kvpark.LLM) -> None:
     cached = len(grammars._pristine)
     second = grammars.state(c)  # a copy of the pristine matcher, at the start again
     assert len(grammars._pristine) == cached
-    assert torch.equal(second.allowed(100), grammars.state(c).allowed(100))
-    assert not torch.equal(first.allowed(49152), second.allowed(49152))
+    assert np.array_equal(second.allowed(100), grammars.state(c).allowed(100))
+    assert not np.array_equal(first.allowed(49152), second.allowed(49152))
 
 
 def test_unpack_bitmask_bit_order_and_padding() -> None:
     words = np.array([0b101, -(2**31) | 1], dtype=np.int32)  # bits 0 and 31 of word 1
     bits = unpack_bitmask(words, 40, 48)
     assert bits.shape == (48,)
-    assert bits.nonzero().flatten().tolist() == [0, 2, 32]  # 63 is past the vocabulary
+    assert np.flatnonzero(bits).tolist() == [0, 2, 32]  # 63 is past the vocabulary

@@ -102,3 +102,22 @@ def test_logprobs_are_raw_model_logprobs() -> None:
     expected = torch.log_softmax(LOGITS[0], -1)
     assert math.isclose(lp.logprob, float(expected[0]), rel_tol=1e-6)
     assert [t for t, _ in lp.top] == [0, 1]
+
+
+def test_draws_follow_the_filtered_distribution() -> None:
+    """20,000 draws from one generator: each token's share within 4.5 standard deviations of its
+    probability (softmax at temperature 0.8 over the top 4), and the 5th token, cut by top_k,
+    never drawn. The draw inverts the cumulative sum (sampler._draw); an off-by-one there shifts
+    mass between neighbours by far more than the bound."""
+    params = SamplingParams(temperature=0.8, top_k=4)
+    g = make_generator(11, 0)
+    n = 20_000
+    row = SampleRow(params, [g], [])
+    counts = [0] * 5
+    for _ in range(n):
+        counts[sample_rows(LOGITS.numpy(), [row])[0][0][0]] += 1
+    probs = torch.softmax(LOGITS[0, :4] / 0.8, -1).tolist()
+    assert counts[4] == 0
+    for got, p in zip(counts, probs, strict=False):
+        sigma = math.sqrt(n * p * (1 - p))
+        assert abs(got - n * p) < 4.5 * sigma, (counts, probs)

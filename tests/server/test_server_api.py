@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -236,9 +237,13 @@ def test_props(server: Server) -> None:
     assert props["preempt"]["policy"] == "fcfs"
     # the CPU paths follow the rule on this CPU's flags (cpu_paths.py), the same as in-process
     paths = choose(_core._cpu_features()[1], dtype="float32")
-    # the native decoder wherever the model is in blocks (runner/native_runner.py)
-    want = {**paths.describe(), "runner": "native" if paths.blocks else "torch"}
+    # the lean runner (the native decoder, no torch) wherever the model is in blocks
+    # (runner/lean_runner.py), and then no torch in the server's process
+    lean = paths.blocks and paths.prompt_dtype is None
+    want = {**paths.describe(), "runner": "lean" if lean else "torch", "torch": not lean}
     assert props["cpu"] == want
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert ("libtorch_cpu" in maps) == (not lean), "the process maps torch's libraries"
     assert props["cpu"]["dtype"] == "float32"
     assert f"cpu paths ({want['isa']}): decode float32 x" in server.log()  # and the start-up log
 

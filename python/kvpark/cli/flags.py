@@ -166,10 +166,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--runner",
         type=runner_spec,
         default="auto",
-        metavar="auto|native|torch|MODULE:FACTORY",
-        help="the model runner: native (whole CPU decode steps in Rust), torch, auto (native on the"
-        " CPU where the model is in blocks, else torch), or a custom one: FACTORY(EngineConfig)"
-        " from MODULE (docs/custom-runners.md)",
+        metavar="auto|lean|native|torch|MODULE:FACTORY",
+        help="the model runner: lean (every CPU step in the Rust decoder, no torch in the"
+        " process), native (the same decoder over the torch model), torch, auto (lean on the CPU"
+        " where it can run the model, else native, else torch), or a custom one:"
+        " FACTORY(EngineConfig) from MODULE (docs/custom-runners.md)",
     )
 
 
@@ -272,7 +273,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
 
 def _check_runner_importable(spec: str, p: argparse.ArgumentParser) -> None:
     """Import the factory now, so that a typo exits 2 before anything loads."""
-    from kvpark.runner.protocol import load_runner_factory  # torch: only when a runner is named
+    from kvpark.runner.protocol import load_runner_factory
 
     try:
         load_runner_factory(spec)

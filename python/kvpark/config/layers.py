@@ -46,8 +46,9 @@ class ModelConfig:
     kv_dtype: str = "auto"
     exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
-    # auto | native (the CPU decoder) | torch, or "module:factory" of a custom runner, called with
-    # the EngineConfig (docs/custom-runners.md); None: auto
+    # auto | lean (the CPU decoder, no torch) | native (the decoder over the torch model) | torch,
+    # or "module:factory" of a custom runner, called with the EngineConfig
+    # (docs/custom-runners.md); None: auto
     runner: str | None = None
     # replaces the model's chat template: the template's text (--chat-template FILE reads it)
     chat_template: str | None = None

@@ -28,6 +28,7 @@ import collections
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -55,9 +56,9 @@ _Add = tuple[str, list[int], SamplingParams]
 def device_type(config: EngineConfig) -> str:
     """Where the built-in runners put the model for ``config`` (``cpu``, ``cuda``): what the
     server decides its process habits by before the model loads (server/process_memory.py)."""
-    from kvpark.runner.torch_runner import resolve_device  # the model code: only when asked
+    from kvpark.runner.devices import device_kind  # torch only where a GPU may be
 
-    return resolve_device(config.model.device).type
+    return device_kind(config.model.device)
 
 
 class AsyncEngine:
@@ -247,7 +248,10 @@ class AsyncEngine:
         if not callable(describe):
             return None
         shown: dict[str, object] = describe()
-        shown["runner"] = getattr(runner, "runner_kind", None)  # native or torch
+        shown["runner"] = getattr(runner, "runner_kind", None)  # lean, native or torch
+        # whether this process holds torch (~360 MiB resident): not with the lean runner until an
+        # embedding request loads the torch model (runner/lean_runner.py)
+        shown["torch"] = "torch" in sys.modules
         return shown
 
     def stats(self) -> EngineStats:
@@ -340,7 +344,10 @@ class AsyncEngine:
         assert self._engine is not None
         failed: dict[str, list[StreamEvent]] = {}
         for request_id in list(self._streams):
-            self._engine.abort(request_id)
+            try:
+                self._engine.abort(request_id)
+            except Exception:  # the engine's own state is what broke: the client still hears
+                log.exception("aborting %s after a failed step failed too", request_id)
             failed[request_id] = [ErrorEvent("internal error while running the model", 500)]
         return failed
 

@@ -20,14 +20,13 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
-
-import torch
+from typing import Any, cast
 
 from kvpark.engine.llm_engine import RequestRejected
 from kvpark.runner.protocol import Runner, runner_name
 
-Embed = Callable[[list[int]], torch.Tensor]
+# a runner's embed: token ids -> a float32 vector [hidden] (numpy or torch: anything with tolist)
+Embed = Callable[[list[int]], Any]
 
 
 def embed_member(runner: Runner) -> Embed | None:

@@ -11,7 +11,7 @@ import hashlib
 import random
 import time
 
-import torch
+import numpy as np
 
 from kvpark._core import PoolFullError
 from kvpark.config.env import Knobs
@@ -30,7 +30,7 @@ from kvpark.preempt.preemption import Preemption
 from kvpark.runner.protocol import Runner, RunnerFactory, build_runner
 from kvpark.sampling.grammar import DEAD_END, GrammarCompiler, GrammarState
 from kvpark.sampling.params import InvalidParameterError, SamplingParams
-from kvpark.sampling.sampler import NO_TOKEN, SampleRow, make_generator, sample_rows
+from kvpark.sampling.sampler import NO_TOKEN, Generator, SampleRow, make_generator, sample_rows
 from kvpark.sched.plan import StepPlan
 from kvpark.sched.request import Request, Sequence
 from kvpark.sched.scheduler import CONTEXT_ERROR, Scheduler
@@ -92,7 +92,7 @@ class LLMEngine:
         self.observations = Observations()
         self._requests: dict[str, Request] = {}
         self._text: dict[tuple[str, int], TextStream] = {}
-        self._generators: dict[tuple[str, int], torch.Generator] = {}
+        self._generators: dict[tuple[str, int], Generator] = {}
         # per choice, beside its generator: where it stands in its grammar (structured output).
         # Advanced only in _emit, on tokens drawn and emitted: a recompute replay samples nothing
         # and a swap park touches no sampler state, so a park leaves the constrained output as is.
@@ -156,7 +156,7 @@ class LLMEngine:
         if not allowed.any():
             raise InvalidParameterError("the constraint allows no output at all", c.param)
         banned = self._min_tokens_ban(params) if params.min_tokens > 0 else ()
-        if banned and not allowed.index_fill(0, torch.tensor(banned), False).any():
+        if banned and not np.delete(allowed, banned).any():
             raise InvalidParameterError(
                 "min_tokens cannot be met: the constraint allows only its end", "min_tokens"
             )

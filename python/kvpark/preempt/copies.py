@@ -8,8 +8,8 @@ handle by which a copy in flight is known.
     -> Transfer           done(): has it landed? (never blocks)   wait(): block until it has
 
 ``SyncTransfers`` copies through the runner at once (any device, any runner): its transfers have
-landed when they are returned. ``CudaTransfers`` issues the copy on a stream of its own and returns
-at once, so the decode goes on while the bytes move::
+landed when they are returned. ``CudaTransfers`` (preempt/cuda_copies.py) issues the copy on a
+stream of its own and returns at once, so the decode goes on while the bytes move::
 
     compute stream  ── step N ──┬── step N+1 ──────── step N+2 ──
                                 │ waits for step N (the cells' last writer or reader)
@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-import torch
-
-from kvpark.model.ops.kv_cache import KVCache
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from kvpark.model.ops.kv_cache import KVCache
     from kvpark.preempt.buffers import CellCopier
+
+# A host buffer a runner's ``host_buffer`` made: a numpy array or a torch tensor (torch is
+# imported only by the CUDA copies, preempt/cuda_copies.py: the CPU server runs without it)
+HostBuffer = Any
 
 log = logging.getLogger("kvpark.preempt.buffers")
 PROBE_BYTES = 1 << 20  # pinned at start to learn whether this host can pin at all
@@ -73,17 +74,17 @@ class Transfers(Protocol):
         """Whether a copy through a buffer that ``overlaps`` can still be in flight on return."""
         ...
 
-    def host_buffer(self, n_bytes: int) -> torch.Tensor:
+    def host_buffer(self, n_bytes: int) -> HostBuffer:
         """A host buffer of at least ``n_bytes``; MemoryError or RuntimeError when refused."""
         ...
 
-    def overlaps(self, buf: torch.Tensor) -> bool:
+    def overlaps(self, buf: HostBuffer) -> bool:
         """Whether a copy through ``buf`` can run beside the decode (pinned memory on CUDA)."""
         ...
 
-    def save(self, cells: list[int], out: torch.Tensor) -> Transfer: ...
+    def save(self, cells: list[int], out: HostBuffer) -> Transfer: ...
 
-    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
+    def restore(self, src: HostBuffer, cells: list[int], first: int = 0) -> Transfer:
         """Copy the saved state's cells ``first..`` into ``cells[first:]`` (``first`` > 0 only
         where the runner's ``restore_cells`` takes it: ``restores_from_cell``)."""
         ...
@@ -97,101 +98,22 @@ class SyncTransfers:
     def __init__(self, copier: CellCopier) -> None:
         self._copier = copier
 
-    def host_buffer(self, n_bytes: int) -> torch.Tensor:
+    def host_buffer(self, n_bytes: int) -> HostBuffer:
         return self._copier.host_buffer(n_bytes)
 
-    def overlaps(self, buf: torch.Tensor) -> bool:
+    def overlaps(self, buf: HostBuffer) -> bool:
         return False
 
-    def save(self, cells: list[int], out: torch.Tensor) -> Transfer:
+    def save(self, cells: list[int], out: HostBuffer) -> Transfer:
         self._copier.save_cells(cells, out)
         return LANDED
 
-    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
+    def restore(self, src: HostBuffer, cells: list[int], first: int = 0) -> Transfer:
         if first:
             self._copier.restore_cells(src, cells, first=first)  # type: ignore[call-arg]
         else:
             self._copier.restore_cells(src, cells)
         return LANDED
-
-
-class CudaTransfer:
-    """A copy on the copy stream, known by the event recorded after it."""
-
-    def __init__(self, event: torch.cuda.Event) -> None:
-        self._event = event
-
-    def done(self) -> bool:
-        return bool(self._event.query())  # type: ignore[no-untyped-call]
-
-    def wait(self) -> None:
-        self._event.synchronize()
-
-
-class CudaTransfers:
-    """Copies on a CUDA stream of their own, through pinned host buffers.
-
-    Device temporaries (the index, the gathered state) are allocated while the copy stream is
-    current, so the caching allocator hands their memory out again only to later work on that
-    same stream, after this copy: they need not be kept alive until it lands.
-    """
-
-    asynchronous = True
-
-    def __init__(self, copier: CellCopier, kv: KVCache) -> None:
-        self._copier = copier
-        self._kv = kv
-        self._device = kv.k[0].device
-        self._stream = torch.cuda.Stream(device=self._device)  # type: ignore[no-untyped-call]
-        self._sync = SyncTransfers(copier)
-
-    def host_buffer(self, n_bytes: int) -> torch.Tensor:
-        try:
-            return self._copier.host_buffer(n_bytes)  # pinned for a CUDA pool
-        except RuntimeError as e:  # cudaHostAlloc refused: pageable memory still parks, in sync
-            log.warning(
-                "could not pin %.1f MiB for a park (%s); using pageable memory", n_bytes / 2**20, e
-            )
-            elem = self._kv.k[0].element_size()
-            return torch.empty(-(-n_bytes // elem), dtype=self._kv.k[0].dtype)
-
-    def overlaps(self, buf: torch.Tensor) -> bool:
-        return buf.is_pinned()
-
-    def _index(self, cells: list[int]) -> torch.Tensor:
-        # From pinned memory, so its copy to the device neither blocks nor waits for the stream.
-        host = torch.tensor(cells, dtype=torch.int64).pin_memory()
-        return host.to(self._device, non_blocking=True)
-
-    @torch.inference_mode()
-    def save(self, cells: list[int], out: torch.Tensor) -> Transfer:
-        if not out.is_pinned():
-            return self._sync.save(cells, out)
-        compute = torch.cuda.current_stream(self._device)
-        with torch.cuda.stream(self._stream):
-            idx = self._index(cells)
-            self._stream.wait_stream(compute)  # the steps that wrote these cells have run
-            states = self._kv.gather_cells(idx)
-            self._kv.cell_view(out, len(cells)).copy_(states, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(self._stream)
-        return CudaTransfer(event)
-
-    @torch.inference_mode()
-    def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
-        if not src.is_pinned():
-            return self._sync.restore(src, cells, first)
-        compute = torch.cuda.current_stream(self._device)
-        with torch.cuda.stream(self._stream):
-            idx = self._index(cells[first:])
-            states = self._kv.cell_view(src, len(cells))[:, first:]
-            states = states.to(self._device, non_blocking=True)
-            # fresh cells: a step still queued may read them for the sequence that just left
-            self._stream.wait_stream(compute)
-            self._kv.scatter_cells(idx, states)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(self._stream)
-        return CudaTransfer(event)
 
 
 @runtime_checkable
@@ -208,20 +130,19 @@ def make_transfers(copier: CellCopier, want_async: bool) -> Transfers:
     """CudaTransfers for the built-in runner on a CUDA pool when asked and the host can pin memory;
     SyncTransfers otherwise (a custom runner's ``save_cells`` must have landed when it returns)."""
     kv = copier.kv_cache if isinstance(copier, DeviceKVCopier) else None
-    if not want_async or not isinstance(kv, KVCache) or kv.k[0].device.type != "cuda":
+    if not want_async or kv is None or _device_type(kv) != "cuda":
         return SyncTransfers(copier)
+    from kvpark.preempt.cuda_copies import cuda_transfers  # torch: a CUDA pool has it loaded
+
+    return cuda_transfers(copier, kv) or SyncTransfers(copier)
+
+
+def _device_type(kv: object) -> str | None:
+    """The device of a pool's first tensor, without importing torch (a numpy pool has none)."""
     try:
-        pinned = copier.host_buffer(PROBE_BYTES).is_pinned()
-    except (MemoryError, RuntimeError):
-        pinned = False
-    if not pinned:
-        log.info(
-            "preemption: host memory here is pageable, so a copy would block the decode; "
-            "parking and resuming synchronously"
-        )
-        return SyncTransfers(copier)
-    log.info("preemption: parking and resuming asynchronously through pinned host memory")
-    return CudaTransfers(copier, kv)
+        return str(kv.k[0].device.type)  # type: ignore[attr-defined]
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 def restores_from_cell(copier: object) -> bool:

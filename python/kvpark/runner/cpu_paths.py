@@ -41,6 +41,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import kvpark._core as _core
+from kvpark.config.cpus import usable_cpus
+from kvpark.config.layers import DTYPE_NAMES, ModelConfig
+
 PROMPT_MIN_ROWS = 64
 PROMPT_PATHS = ("auto", "same", "float32", "bfloat16")
 BLOCK_DOTS = ("auto", "int8", "float32")
@@ -178,3 +182,39 @@ def choose(
 # the first token of the first parity prompt, a 0.09-nat near-tie that llama.cpp takes the same
 # way as int8 does; `--block-dot float32` is the exact-weights product.
 AUTO_BLOCK_DOT = "int8"
+
+
+def cpu_features() -> dict[str, bool | str]:
+    """The CPU flags the Rust kernels run under (the CPU's, capped by ``KVPARK_CPU_ISA``)."""
+    return _core._cpu_features()[1]
+
+
+def resolve_cpu_paths(config: ModelConfig) -> CpuPaths:
+    """``choose`` for a model config on this CPU (``--dtype auto`` is float32 on the CPU)."""
+    if config.dtype not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {config.dtype!r}; use auto, float32, bfloat16 or float16")
+    dtype = DTYPE_NAMES[config.dtype]
+    return choose(
+        cpu_features(),
+        dtype="float32" if dtype == "auto" else dtype,
+        weights=config.weights,
+        prompt_path=config.prompt_path,
+        kv_dtype=config.kv_dtype,
+        block_dot=config.block_dot,
+        exact=config.exact,
+    )
+
+
+EXACT_CPU_THREADS = 2
+
+
+def exact_cpu_threads(requested: int) -> int:
+    """Threads for exact mode on CPU. Elementwise transcendental ops (exp, silu) compute the scalar
+    tail of a vectorised loop with another formula, and with more than two threads a thread's range
+    can end mid-vector at a place that depends on the step's size (see chunked_attention.py)."""
+    if requested > EXACT_CPU_THREADS:
+        raise ValueError(
+            f"exact mode on CPU runs with at most {EXACT_CPU_THREADS} threads (asked for "
+            f"{requested}): with more, a row's bits could depend on the size of its step"
+        )
+    return requested or min(EXACT_CPU_THREADS, usable_cpus())

@@ -25,20 +25,27 @@ it instead.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
+import numpy as np
 import torch
 
 import kvpark._core as _core
 from kvpark.config.layers import ModelConfig, PoolConfig
+from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.llama import Block, LlamaModel
 from kvpark.model.ops import BlockWeight
 from kvpark.runner.batch import takes_prompt_path
+from kvpark.runner.cpu_decoder import (
+    Array,
+    DecoderInputs,
+    DecoderLayer,
+    build_decoder,
+    run_step,
+    sampled_rows,
+)
 from kvpark.runner.torch_runner import TorchRunner
 from kvpark.sched.plan import StepPlan
-
-if TYPE_CHECKING:
-    from kvpark._core import _LayerSpec, _Matrix
 
 log = logging.getLogger("kvpark.runner.native_runner")
 
@@ -62,7 +69,6 @@ class NativeCpuRunner(TorchRunner):
                 raise ValueError(f"--runner native cannot run this model: {why}")
             log.info("runner: torch (the native decoder cannot run this model: %s)", why)
             return
-        self._keep: list[torch.Tensor] = []  # every tensor whose address the decoder holds
         self.decoder = self._build_decoder()
         log.info("runner: native (whole decode steps in Rust)")
 
@@ -89,69 +95,43 @@ class NativeCpuRunner(TorchRunner):
         return None
 
     # ---------------------------------------------------------------- building the decoder
-    def _addr(self, t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> int:
-        """The address of a live, contiguous CPU tensor of ``dtype`` (0 for None)."""
-        if t is None:
-            return 0
-        if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"the decoder takes contiguous {dtype} CPU tensors, not {t.dtype}")
-        self._keep.append(t)
-        return t.data_ptr()
-
-    def _matrix(self, w: BlockWeight) -> _Matrix:
-        n, k = w.shape  # BlockWeight checked its tensors' dtypes, shapes and contiguity
-        qs_dtype = torch.uint8 if w.kind == "q4" else torch.int8
-        return {
-            "kind": w.kind[1],
-            "qs": self._addr(w.qs, qs_dtype),
-            "scale": self._addr(w.scale),
-            "offset": self._addr(w.offset),
-            "n": n,
-            "k": k,
-        }
-
     def _build_decoder(self) -> _core._CpuDecoder:
+        """The decoder over numpy views of the model's own tensors (no copy)."""
         model: LlamaModel = self.loaded.model
-        a = self.loaded.arch
-        pool_dtype = self.kv.k[0].dtype
-        layers: list[_LayerSpec] = []
+        layers: list[DecoderLayer] = []
         for i, module in enumerate(model.layers):
             layer = cast(Block, module)
             assert isinstance(layer.qkv_w, BlockWeight) and isinstance(layer.o_w, BlockWeight)
             assert isinstance(layer.gate_up_w, BlockWeight)
             assert isinstance(layer.down_w, BlockWeight)
             layers.append(
-                {
-                    "attn_norm": self._addr(layer.attn_norm.data),
-                    "qkv": self._matrix(layer.qkv_w),
-                    "qkv_bias": self._addr(_data(layer.qkv_b)),
-                    "q_norm": self._addr(_data(layer.q_norm)),
-                    "k_norm": self._addr(_data(layer.k_norm)),
-                    "o": self._matrix(layer.o_w),
-                    "o_bias": self._addr(_data(layer.o_b)),
-                    "mlp_norm": self._addr(layer.mlp_norm.data),
-                    "gate_up": self._matrix(layer.gate_up_w),
-                    "down": self._matrix(layer.down_w),
-                    "k_cells": self._addr(self.kv.k[i], pool_dtype),
-                    "v_cells": self._addr(self.kv.v[i], pool_dtype),
-                }
+                DecoderLayer(
+                    attn_norm=_array(layer.attn_norm),
+                    qkv=_blocks(layer.qkv_w),
+                    o=_blocks(layer.o_w),
+                    mlp_norm=_array(layer.mlp_norm),
+                    gate_up=_blocks(layer.gate_up_w),
+                    down=_blocks(layer.down_w),
+                    k_cells=_array(self.kv.k[i]),
+                    v_cells=_array(self.kv.v[i]),
+                    qkv_bias=_optional(layer.qkv_b),
+                    o_bias=_optional(layer.o_b),
+                    q_norm=_optional(layer.q_norm),
+                    k_norm=_optional(layer.k_norm),
+                )
             )
         assert isinstance(model.lm_head, BlockWeight) and model.embed_blocks is not None
-        rope = model.rope
-        shape = (a.hidden_size, a.n_heads, a.n_kv_heads, a.head_dim, a.intermediate_size)
-        return _core._CpuDecoder(
-            (*shape, a.vocab_size),
-            a.rms_eps,
-            self._matrix(model.embed_blocks),
-            self._addr(model.norm.data),
-            self._matrix(model.lm_head),
-            self._addr(rope.cos),
-            self._addr(rope.sin),
-            rope.cos.numel(),
+        self._inputs = DecoderInputs()
+        return build_decoder(
+            self.loaded.arch,
             layers,
-            self.kv.k[0].numel(),
-            _POOL_DTYPES[pool_dtype],
-            "int8" if model.lm_head.int8 else "float32",  # set_block_dot set every matrix alike
+            _blocks(model.embed_blocks),
+            _array(model.norm),
+            _blocks(model.lm_head),
+            (_array(model.rope.cos), _array(model.rope.sin)),
+            _POOL_DTYPES[self.kv.k[0].dtype],
+            model.lm_head.int8,  # set_block_dot set every matrix alike
+            self._inputs,
         )
 
     # ---------------------------------------------------------------- one step
@@ -161,32 +141,26 @@ class NativeCpuRunner(TorchRunner):
             return super().execute(plan)  # the torch model: its dense prompt GEMM
         if plan.page_copies:
             self.kv.copy_pages(plan.page_copies)
-        if plan.empty:
-            return torch.empty(0, self.vocab_size, dtype=torch.float32)
-        tokens: list[int] = []
-        positions: list[int] = []
-        item_rows: list[int] = []
-        logit_rows: list[int] = []
-        for item in plan.items:
-            n = len(item.token_ids)
-            tokens += item.token_ids
-            positions += range(item.start, item.start + n)
-            item_rows.append(n)
-            if item.sample:
-                logit_rows.append(len(tokens) - 1)
-        logits = torch.empty(len(logit_rows), self.vocab_size, dtype=torch.float32)
-        self.decoder.step(
-            tokens,
-            positions,
-            plan.slot_mapping,
-            item_rows,
-            plan.page_tables,
-            self.page_size,
-            logit_rows,
-            logits.data_ptr(),
-        )
+        logits = torch.empty(sampled_rows(plan), self.vocab_size, dtype=torch.float32)
+        if not plan.empty:
+            run_step(self.decoder, plan, self.page_size, logits.numpy())
         return logits
 
 
-def _data(p: torch.Tensor | None) -> torch.Tensor | None:
-    return None if p is None else p.data
+def _optional(t: torch.Tensor | None) -> Array | None:
+    return None if t is None else _array(t)
+
+
+def _array(t: torch.Tensor) -> Array:
+    """A CPU tensor's memory as numpy (16-bit floats as their bits where numpy lacks the type)."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("the decoder takes contiguous CPU tensors")
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _blocks(w: BlockWeight) -> Blocks:
+    offset = None if w.offset is None else w.offset.numpy()
+    return Blocks(w.kind, w.qs.numpy(), w.scale.numpy(), offset)

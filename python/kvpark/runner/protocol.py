@@ -10,24 +10,32 @@ under kvpark's pool, scheduler, preemption and server (docs/custom-runners.md wa
 The engine touches a runner only through these members. The runner owns the K/V storage for the
 pool's cells (``kv_cells`` cells in pages of ``page_size``, both in ``EngineConfig.pool``); the Rust
 pool decides which cells each sequence holds, and the plan says which cells each row writes and
-reads. One optional member, not checked at start: ``embed(token_ids: list[int]) -> torch.Tensor``
-(the prompt's float32 embedding ``[hidden]``, computed without touching the pool's cells), which
+reads. One optional member, not checked at start: ``embed(token_ids: list[int])`` (the prompt's
+float32 embedding ``[hidden]``, a numpy array or a torch tensor, computed without touching the
+pool's cells), which
 ``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers 501). The built-in
 runners are ``kvpark.runner.torch_runner.TorchRunner`` and, on the CPU,
-``kvpark.runner.native_runner.NativeCpuRunner``.
+``kvpark.runner.native_runner.NativeCpuRunner`` and the torch-free
+``kvpark.runner.lean_runner.LeanCpuRunner``.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
-from typing import Protocol, cast, runtime_checkable
-
-import torch
+from typing import Any, Protocol, cast, runtime_checkable
 
 from kvpark.config.layers import EngineConfig
 from kvpark.sched.plan import StepPlan
 from kvpark.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("kvpark.runner")
+
+# What ``execute`` returns and the host buffers parking copies through: a numpy array or a torch
+# tensor (on any device, for logits); the engine reads them without importing torch
+Logits = Any
+HostBuffer = Any
 
 
 @runtime_checkable
@@ -67,11 +75,11 @@ class Runner(Protocol):
         ``/props.exact`` reports this value."""
         ...
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
+    def execute(self, plan: StepPlan) -> Logits:
         """Run one step: do ``plan.page_copies`` first, write every row's K/V at its cell in
         ``plan.slot_mapping``, attend each row over its sequence's cells ``0 .. position`` (read
         through ``plan.page_tables``), and return float32 logits ``[rows with sample=True,
-        vocab_size]`` in item order."""
+        vocab_size]`` in item order: a numpy array, or a torch tensor on any device."""
         ...
 
     def bytes_per_cell(self) -> int:
@@ -79,18 +87,19 @@ class Runner(Protocol):
         with it against ``--preempt-ram``."""
         ...
 
-    def host_buffer(self, n_bytes: int) -> torch.Tensor:
-        """A host tensor of at least ``n_bytes`` bytes that ``save_cells`` can fill. Raise
-        ``MemoryError`` (or ``RuntimeError``) when it cannot be had: the park then recomputes."""
+    def host_buffer(self, n_bytes: int) -> HostBuffer:
+        """A host array (numpy) or tensor (torch) of at least ``n_bytes`` bytes that
+        ``save_cells`` can fill. Raise ``MemoryError`` (or ``RuntimeError``) when it cannot be
+        had: the park then recomputes."""
         ...
 
-    def save_cells(self, cells: list[int], out: torch.Tensor) -> None:
+    def save_cells(self, cells: list[int], out: HostBuffer) -> None:
         """Copy the state of ``cells`` (a sequence's cells in logical order) into ``out``, a buffer
         from ``host_buffer`` with room for ``len(cells) * bytes_per_cell()`` bytes. The cells are
         freed right after: the copy must have landed when this returns."""
         ...
 
-    def restore_cells(self, src: torch.Tensor, cells: list[int]) -> None:
+    def restore_cells(self, src: HostBuffer, cells: list[int]) -> None:
         """Write a state saved by ``save_cells`` back into ``cells`` (fresh ones, in the same
         logical order; usually not the cells it was saved from)."""
         ...
@@ -140,7 +149,7 @@ def load_runner_factory(spec: str) -> RunnerFactory:
 def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = None) -> Runner:
     """The runner the engine will drive: ``given`` itself when it is a runner, ``given(config)``
     when it is a factory, else the factory ``config.model.runner`` names, else a built-in one
-    (``auto``, ``native``, ``torch``). Checked by :func:`check_runner`."""
+    (``auto``, ``lean``, ``native``, ``torch``). Checked by :func:`check_runner`."""
     runner: object
     if given is not None and not isinstance(given, type) and isinstance(given, Runner):
         runner = given  # a runner may be callable too (a torch Module): its members decide
@@ -156,17 +165,28 @@ def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = No
     return checked
 
 
-BUILT_IN_RUNNERS = (None, "auto", "native", "torch")
+BUILT_IN_RUNNERS = (None, "auto", "lean", "native", "torch")
 
 
 def _built_in(config: EngineConfig) -> Runner:
-    """``--runner auto``: on the CPU the native decoder (which runs a model it cannot take
-    through torch), elsewhere the torch runner; ``native`` insists on the decoder."""
-    # torch: imported only when a built-in runner is the one
+    """``--runner auto``: on the CPU the lean runner (the native decoder without torch) where it
+    can run the model, else the native runner (the decoder over the torch model, which runs a
+    model it cannot take through torch); elsewhere the torch runner. ``lean`` and ``native``
+    insist on theirs."""
+    name = config.model.runner or "auto"
+    if name in ("auto", "lean"):
+        from kvpark.runner.lean_runner import try_lean  # numpy and the Rust core: no torch
+
+        lean, why = try_lean(config)
+        if lean is not None:
+            return lean
+        if name == "lean":
+            raise ValueError(f"--runner lean cannot run this model: {why}")
+        log.info("runner: not lean (%s)", why)
+    # torch: imported only when a torch runner is the one
     from kvpark.runner.native_runner import NativeCpuRunner
     from kvpark.runner.torch_runner import TorchRunner, resolve_device
 
-    name = config.model.runner or "auto"
     if name == "torch" or (name == "auto" and resolve_device(config.model.device).type != "cpu"):
         return TorchRunner(config.model, config.pool)
     return NativeCpuRunner(config.model, config.pool, required=name == "native")

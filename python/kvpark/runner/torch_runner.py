@@ -11,14 +11,19 @@ import time
 
 import torch
 
-import kvpark._core as _core
 from kvpark.config.cpus import usable_cpus
 from kvpark.config.layers import DTYPE_NAMES, ModelConfig, PoolConfig
 from kvpark.model.loader import LoadedModel, load_model
 from kvpark.model.ops import OpSet, block_weights
 from kvpark.model.ops.kv_cache import KVCache
 from kvpark.runner.batch import build_step_tensors
-from kvpark.runner.cpu_paths import CpuPaths
+from kvpark.runner.cpu_paths import (
+    EXACT_CPU_THREADS,
+    CpuPaths,
+    cpu_features,
+    exact_cpu_threads,
+    resolve_cpu_paths,
+)
 from kvpark.runner.cpu_paths import choose as choose_cpu_paths
 from kvpark.runner.cuda_graphs import DecodeGraphs, graphs_wanted
 from kvpark.runner.embedding import embed_tokens
@@ -67,37 +72,7 @@ def resolve_weights(name: str, device: torch.device, dtype: torch.dtype) -> bool
     return name == "blocks"
 
 
-def cpu_features() -> dict[str, bool | str]:
-    """The CPU flags the Rust kernels run under (the CPU's, capped by ``KVPARK_CPU_ISA``)."""
-    return _core._cpu_features()[1]
-
-
-def resolve_cpu_paths(config: ModelConfig) -> CpuPaths:
-    dtype = str(resolve_dtype(config.dtype, torch.device("cpu"))).removeprefix("torch.")
-    return choose_cpu_paths(
-        cpu_features(),
-        dtype=dtype,
-        weights=config.weights,
-        prompt_path=config.prompt_path,
-        kv_dtype=config.kv_dtype,
-        block_dot=config.block_dot,
-        exact=config.exact,
-    )
-
-
-EXACT_CPU_THREADS = 2
-
-
-def exact_cpu_threads(requested: int) -> int:
-    """Threads for exact mode on CPU. Elementwise transcendental ops (exp, silu) compute the scalar
-    tail of a vectorised loop with another formula, and with more than two threads a thread's range
-    can end mid-vector at a place that depends on the step's size (see chunked_attention.py)."""
-    if requested > EXACT_CPU_THREADS:
-        raise ValueError(
-            f"exact mode on CPU runs with at most {EXACT_CPU_THREADS} threads (asked for "
-            f"{requested}): with more, a row's bits could depend on the size of its step"
-        )
-    return requested or min(EXACT_CPU_THREADS, usable_cpus())
+__all__ = ["EXACT_CPU_THREADS", "TorchRunner", "exact_cpu_threads", "resolve_cpu_paths"]
 
 
 def select_ops(exact: bool, device: torch.device) -> OpSet:

@@ -16,13 +16,10 @@ from dataclasses import dataclass, replace
 import torch
 
 import kvpark._core as _core
+from kvpark.model.gguf_blocks import BLOCK, BLOCK_TYPES, Q4_0, Q4_1, Q8_0, Blocks, blocks_from_gguf
 
-BLOCK = 32
+__all__ = ["BLOCK", "BLOCK_TYPES", "Q4_0", "Q4_1", "Q8_0", "BlockWeight", "block_linear"]
 Tensor = torch.Tensor
-
-# GGML type ids (gguf.GGMLQuantizationType) of the block formats kept as blocks
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
 
 
 @dataclass(frozen=True)
@@ -62,20 +59,15 @@ class BlockWeight:
 
     @staticmethod
     def from_gguf(qtype: int, raw: Tensor, shape: tuple[int, int]) -> BlockWeight:
-        """From a GGUF tensor's bytes (uint8, blocks in file order) and its torch shape."""
-        out, inp = shape
-        if inp % BLOCK:
-            raise ValueError(f"a {shape} matrix does not split into blocks of {BLOCK}")
-        size = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[qtype]
-        blocks = raw.view(out * inp // BLOCK, size)
-        scale = half_at(blocks, 0).view(-1)
-        if qtype == Q8_0:
-            qs = blocks[:, 2:].contiguous().view(torch.int8).view(out, inp)
-            return BlockWeight("q8", qs, scale.view(out, -1), None)
-        # Q4_0 is Q4_1 with offset -8 * scale (exact: a power-of-two multiple)
-        offset = half_at(blocks, 2).view(-1) if qtype == Q4_1 else -8.0 * scale
-        qs = blocks[:, size - BLOCK // 2 :].contiguous().view(out, inp // 2)
-        return BlockWeight("q4", qs, scale.view(out, -1), offset.view(out, -1))
+        """From a GGUF tensor's bytes (uint8, blocks in file order) and its torch shape; the
+        layout is read by gguf_blocks.blocks_from_gguf, the one place that knows it."""
+        return BlockWeight.from_blocks(blocks_from_gguf(qtype, raw.numpy(), shape))
+
+    @staticmethod
+    def from_blocks(b: Blocks) -> BlockWeight:
+        """numpy ``Blocks`` as torch tensors over the same memory."""
+        offset = None if b.offset is None else torch.from_numpy(b.offset)
+        return BlockWeight(b.kind, torch.from_numpy(b.qs), torch.from_numpy(b.scale), offset)
 
     def dequantize(self) -> Tensor:
         """The float32 matrix, bitwise what the GGUF loader's dequantisation gives."""
@@ -125,8 +117,7 @@ class BlockWeight:
         )
 
 
-# GGUF's 32-weight blocks: an f16 scale (and for Q4_1 an f16 offset), then the quants. 4-bit quants
-# hold weight i of a block in the low nibble of byte i and weight i + 16 in the high nibble.
+# GGUF's 32-weight blocks (gguf_blocks.py): the dequantisation's torch side
 def half_at(blocks: Tensor, at: int) -> Tensor:
     """The f16 at byte ``at`` of every block (uint8 [n, size]), as float32 [n, 1]."""
     return blocks[:, at : at + 2].contiguous().view(torch.float16).float()

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
+
+from kvpark.model.rope_angles import rope_angles
 
 
 @dataclass(frozen=True)
@@ -19,13 +23,12 @@ class RopeTable:
     sin: torch.Tensor  # [max_position, head_dim // 2] fp32
 
     @classmethod
-    def build(cls, inv_freq: torch.Tensor, max_position: int, device: torch.device) -> RopeTable:
+    def build(
+        cls, inv_freq: npt.NDArray[np.float64], max_position: int, device: torch.device
+    ) -> RopeTable:
         """inv_freq [head_dim // 2] float64 (see ``ModelArch.inv_freq``)."""
-        angles = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
-        return cls(
-            cos=angles.cos().to(device=device, dtype=torch.float32),
-            sin=angles.sin().to(device=device, dtype=torch.float32),
-        )
+        cos, sin = rope_angles(inv_freq, max_position)
+        return cls(cos=torch.from_numpy(cos).to(device), sin=torch.from_numpy(sin).to(device))
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for ``apply_rope``, each [T, 1, head_dim], for positions [T] int64."""

@@ -1,0 +1,98 @@
+"""A GGUF matrix's 32-weight blocks as numpy arrays: the byte layout read in one place.
+
+GGUF stores Q4_0, Q4_1 and Q8_0 matrices as blocks of 32 weights: an f16 scale (and for Q4_1 an
+f16 offset), then the quants; 4-bit quants hold weight i of a block in the low nibble of byte i
+and weight i + 16 in the high nibble. ``Blocks`` splits them into the arrays the Rust kernels
+take (scales widened to float32, Q4_0's offset made explicit as -8 * scale: exact, a power-of-two
+multiple). numpy, not torch: the CPU server builds its decoder without torch (lean_weights.py);
+``BlockWeight.from_gguf`` wraps these arrays for the torch model, without a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+BLOCK = 32
+# GGML type ids (gguf.GGMLQuantizationType) of the block formats kept as blocks
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
+BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A matrix ``[out, in]`` in blocks of 32 along ``in`` (BlockWeight's layout, in numpy).
+
+    ``kind`` "q4": ``qs`` [out, in / 2] uint8; weight = scale * nibble + offset.
+    ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q (+ offset where given).
+    ``scale`` and ``offset``: [out, in / 32] float32.
+    """
+
+    kind: str
+    qs: npt.NDArray[np.uint8] | npt.NDArray[np.int8]
+    scale: npt.NDArray[np.float32]
+    offset: npt.NDArray[np.float32] | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scale.shape[0], self.scale.shape[1] * BLOCK
+
+    @property
+    def nbytes(self) -> int:
+        offset = 0 if self.offset is None else self.offset.nbytes
+        return self.qs.nbytes + self.scale.nbytes + offset
+
+    def rows(self, index: npt.NDArray[np.int64]) -> Blocks:
+        """The matrix with its rows reordered (or selected) by ``index``."""
+        offset = None if self.offset is None else self.offset[index]
+        return Blocks(self.kind, self.qs[index], self.scale[index], offset)
+
+    @staticmethod
+    def cat(parts: list[Blocks]) -> Blocks:
+        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix);
+        q8 parts without offsets beside parts with get -0.0 (BlockWeight.cat says why)."""
+        kinds = {p.kind for p in parts}
+        if len(kinds) != 1:
+            raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")
+        offset = None
+        if any(p.offset is not None for p in parts):
+            offset = np.concatenate(
+                [p.offset if p.offset is not None else np.full_like(p.scale, -0.0) for p in parts]
+            )
+        return Blocks(
+            parts[0].kind,
+            np.concatenate([p.qs for p in parts]),
+            np.concatenate([p.scale for p in parts]),
+            offset,
+        )
+
+
+def blocks_from_gguf(qtype: int, raw: npt.NDArray[np.uint8], shape: tuple[int, int]) -> Blocks:
+    """A GGUF tensor's bytes (uint8, blocks in file order) as ``Blocks`` of ``shape`` [out, in];
+    every array is a fresh copy (``raw`` may be a read-only view of the file)."""
+    out, inp = shape
+    if inp % BLOCK:
+        raise ValueError(f"a {shape} matrix does not split into blocks of {BLOCK}")
+    size = BLOCK_BYTES[qtype]
+    blocks = raw.reshape(out * inp // BLOCK, size)
+    scale = half_at(blocks, 0).reshape(out, -1)
+    if qtype == Q8_0:
+        return Blocks("q8", blocks[:, 2:].copy().view(np.int8).reshape(out, inp), scale, None)
+    offset = half_at(blocks, 2).reshape(out, -1) if qtype == Q4_1 else np.float32(-8.0) * scale
+    qs = blocks[:, size - BLOCK // 2 :].copy().reshape(out, inp // 2)
+    return Blocks("q4", qs, scale, offset)
+
+
+def half_at(blocks: npt.NDArray[np.uint8], at: int) -> npt.NDArray[np.float32]:
+    """The f16 at byte ``at`` of every block (uint8 [n, size]), as float32 [n, 1]."""
+    return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32)
+
+
+def unpermute_rows(rows: int, n_heads: int) -> npt.NDArray[np.int64]:
+    """The row order that undoes llama.cpp's Q/K permutation for its interleaved rope: GGUF rows
+    2i, 2i+1 of a head are Hugging Face rows i, i + d/2 (gguf_loader._unpermute on a matrix)."""
+    index = np.arange(rows, dtype=np.int64).reshape(n_heads, rows // n_heads // 2, 2)
+    return index.transpose(0, 2, 1).reshape(-1)

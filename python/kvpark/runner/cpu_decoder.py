@@ -1,0 +1,152 @@
+"""The Rust decoder (``_core._CpuDecoder``, rust/cpu_ops/src/decoder) built from numpy arrays,
+and one step's plan as its plain lists: shared by the CPU runner over the torch model
+(native_runner.py, which hands it numpy views of its tensors) and the torch-free one
+(lean_runner.py).
+
+The decoder holds raw addresses: every array handed to it must stay alive, contiguous and
+unmoved for the decoder's life; ``DecoderInputs.keep`` holds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+import kvpark._core as _core
+from kvpark.model.arch import ModelArch
+from kvpark.model.gguf_blocks import Blocks
+from kvpark.sched.plan import StepPlan
+
+if TYPE_CHECKING:
+    from kvpark._core import _LayerSpec, _Matrix
+
+Array = npt.NDArray[np.generic]
+
+
+@dataclass
+class DecoderLayer:
+    """One layer's arrays: vectors float32 (None where the model has none), K/V cells."""
+
+    attn_norm: Array
+    qkv: Blocks
+    o: Blocks
+    mlp_norm: Array
+    gate_up: Blocks
+    down: Blocks
+    k_cells: Array
+    v_cells: Array
+    qkv_bias: Array | None = None
+    o_bias: Array | None = None
+    q_norm: Array | None = None
+    k_norm: Array | None = None
+
+
+@dataclass
+class DecoderInputs:
+    keep: list[Array] = field(default_factory=list)  # every array whose address the decoder holds
+
+    def addr(self, a: Array | None, dtype: type[np.generic] = np.float32) -> int:
+        """The address of a live, C-contiguous array of ``dtype`` (0 for None)."""
+        if a is None:
+            return 0
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            raise ValueError(f"the decoder takes C-contiguous {np.dtype(dtype)}, not {a.dtype}")
+        self.keep.append(a)
+        return int(a.ctypes.data)
+
+    def matrix(self, w: Blocks) -> _Matrix:
+        n, k = w.shape
+        return {
+            "kind": w.kind[1],
+            "qs": self.addr(w.qs, np.uint8 if w.kind == "q4" else np.int8),
+            "scale": self.addr(w.scale),
+            "offset": self.addr(w.offset),
+            "n": n,
+            "k": k,
+        }
+
+
+def build_decoder(
+    arch: ModelArch,
+    layers: list[DecoderLayer],
+    embed: Blocks,
+    norm: Array,
+    head: Blocks,
+    rope: tuple[Array, Array],
+    pool_dtype: str,
+    int8: bool,
+    inputs: DecoderInputs,
+) -> _core._CpuDecoder:
+    """``pool_dtype``: the cells' type (float32, bfloat16, float16); ``int8``: the block dot."""
+    cell = layers[0].k_cells.dtype.type
+    specs: list[_LayerSpec] = [
+        {
+            "attn_norm": inputs.addr(layer.attn_norm),
+            "qkv": inputs.matrix(layer.qkv),
+            "qkv_bias": inputs.addr(layer.qkv_bias),
+            "q_norm": inputs.addr(layer.q_norm),
+            "k_norm": inputs.addr(layer.k_norm),
+            "o": inputs.matrix(layer.o),
+            "o_bias": inputs.addr(layer.o_bias),
+            "mlp_norm": inputs.addr(layer.mlp_norm),
+            "gate_up": inputs.matrix(layer.gate_up),
+            "down": inputs.matrix(layer.down),
+            "k_cells": inputs.addr(layer.k_cells, cell),
+            "v_cells": inputs.addr(layer.v_cells, cell),
+        }
+        for layer in layers
+    ]
+    a = arch
+    cos, sin = rope
+    shape = (a.hidden_size, a.n_heads, a.n_kv_heads, a.head_dim, a.intermediate_size)
+    return _core._CpuDecoder(
+        (*shape, a.vocab_size),
+        a.rms_eps,
+        inputs.matrix(embed),
+        inputs.addr(norm),
+        inputs.matrix(head),
+        inputs.addr(cos),
+        inputs.addr(sin),
+        cos.size,
+        specs,
+        layers[0].k_cells.size,
+        pool_dtype,
+        "int8" if int8 else "float32",
+    )
+
+
+def run_step(
+    decoder: _core._CpuDecoder, plan: StepPlan, page_size: int, logits: npt.NDArray[np.float32]
+) -> None:
+    """One step's rows through the decoder; ``logits`` [sampled rows, vocab] float32 gets the
+    sampled rows' logits (page copies are the caller's, before)."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    item_rows: list[int] = []
+    logit_rows: list[int] = []
+    for item in plan.items:
+        n = len(item.token_ids)
+        tokens += item.token_ids
+        positions += range(item.start, item.start + n)
+        item_rows.append(n)
+        if item.sample:
+            logit_rows.append(len(tokens) - 1)
+    if logits.shape[0] != len(logit_rows) or not logits.flags.c_contiguous:
+        raise ValueError(f"logits {logits.shape} for {len(logit_rows)} sampled rows")
+    decoder.step(
+        tokens,
+        positions,
+        plan.slot_mapping,
+        item_rows,
+        plan.page_tables,
+        page_size,
+        logit_rows,
+        int(logits.ctypes.data),
+    )
+
+
+def sampled_rows(plan: StepPlan) -> int:
+    return sum(1 for item in plan.items if item.sample)

@@ -1,0 +1,219 @@
+"""The CPU runner without torch (``--runner lean``; what ``auto`` picks on a CPU where it can).
+
+On a CPU with the default arithmetic every step of the native runner (native_runner.py) runs in
+the Rust decoder: torch only loaded the weights, held the pool and sampled. Its import alone
+leaves ~360 MiB resident in the server (operator tables, Python modules, the CUDA build's
+libraries), more than the default model and its KV pool together. ``LeanCpuRunner`` is the same
+decoder over the same bits, built from numpy: the weights read from the GGUF by
+model/numpy_weights.py, the pool in numpy (numpy_pool.py), the sampler in numpy
+(sampling/sampler.py). Its logits are bitwise the native runner's
+(tests/runner/test_lean_runner.py).
+
+It runs what the decoder runs, every step of it: a GGUF whose matrices are all Q4_0, Q4_1 or
+Q8_0 blocks, on a CPU with AVX2, where the CPU paths (cpu_paths.py) put prompt chunks on the
+blocks too (the default; a dense prompt GEMM is torch's). Anything else goes to the torch
+runners, which ``why_not_lean`` names the reason for.
+
+``/v1/embeddings`` needs the torch model's float32 forward (runner/embedding.py): the first
+embedding request loads it, torch included, beside this runner (``embed``), and memory grows by
+torch and a second copy of the weights from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import kvpark._core as _core
+from kvpark.config.cpus import usable_cpus
+from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
+from kvpark.model.gguf_file import GgufFile, is_gguf
+from kvpark.model.numpy_weights import NumpyWeights, Unfit, load_numpy_weights
+from kvpark.model.rope_angles import rope_angles
+from kvpark.model.sources import default_model_path, gguf_tokenizer, return_freed_heap
+from kvpark.runner.cpu_decoder import DecoderInputs, DecoderLayer, build_decoder, run_step
+from kvpark.runner.cpu_decoder import sampled_rows as count_sampled_rows
+from kvpark.runner.cpu_paths import CpuPaths, exact_cpu_threads, resolve_cpu_paths
+from kvpark.runner.devices import device_kind
+from kvpark.runner.numpy_pool import NumpyKVPool
+from kvpark.sched.plan import StepPlan
+from kvpark.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("kvpark.runner.lean_runner")
+
+
+def why_not_lean(config: ModelConfig) -> str | None:
+    """Why the lean runner cannot run ``config`` (checked before any weight is read), or None."""
+    if device_kind(config.device) != "cpu":
+        return "the model runs on a GPU"
+    path = config.model or default_model_path()
+    if not (Path(path).is_file() and is_gguf(path)):
+        return "the model is not a GGUF file"
+    paths = resolve_cpu_paths(config)
+    if not paths.blocks:
+        return "its weights are dense (--weights dense, --dtype, or a CPU without AVX2)"
+    if paths.prompt_dtype is not None:
+        return f"prompt chunks take a dense {paths.prompt_dtype} GEMM (--prompt-path, --block-dot)"
+    return None
+
+
+class LeanCpuRunner:
+    """``kvpark.Runner`` on the CPU with no torch: every step in the Rust decoder."""
+
+    def __init__(
+        self, model_config: ModelConfig, pool_config: PoolConfig, weights: NumpyWeights, name: str
+    ) -> None:
+        self.model_config = model_config
+        self.cpu_paths: CpuPaths = resolve_cpu_paths(model_config)
+        log.info("%s", self.cpu_paths.summary())
+        threads = model_config.threads
+        if model_config.exact:
+            threads = exact_cpu_threads(threads)
+        self.threads = threads or usable_cpus()
+        _core._cpu_set_threads(self.threads)
+        self.weights = weights
+        self.name = name
+        self._tokenizer: Tokenizer | None = None
+        self.page_size = pool_config.page_size
+        self.pool = NumpyKVPool(
+            weights.arch,
+            pool_config.kv_cells // self.page_size,
+            self.page_size,
+            self.cpu_paths.kv_dtype,
+        )
+        self._inputs = DecoderInputs()
+        self.decoder = self._build_decoder()
+        self._embedder: Any = None  # the torch runner embed() loads on first use
+        self._embedder_lock = threading.Lock()
+        log.info("runner: lean (the native decoder, no torch)")
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> LeanCpuRunner:
+        """Read the model and build the runner; Unfit when a weight is not in blocks it takes."""
+        started = time.perf_counter()
+        path = config.model.model or default_model_path()
+        g = GgufFile(path)
+        weights = load_numpy_weights(g)
+        tokenizer = gguf_tokenizer(g.metadata)
+        runner = cls(config.model, config.pool, weights, Path(path).name)
+        runner._tokenizer = tokenizer
+        return_freed_heap()
+        log.info(
+            "model %s loaded in %.1f s (numpy, %.0f MiB of block weights)",
+            runner.name,
+            time.perf_counter() - started,
+            weights.nbytes / 2**20,
+        )
+        return runner
+
+    def _build_decoder(self) -> _core._CpuDecoder:
+        w, arch = self.weights, self.weights.arch
+        layers = [
+            DecoderLayer(
+                attn_norm=layer.vectors["attn_norm"],
+                qkv=layer.matrices["qkv_w"],
+                o=layer.matrices["o_w"],
+                mlp_norm=layer.vectors["mlp_norm"],
+                gate_up=layer.matrices["gate_up_w"],
+                down=layer.matrices["down_w"],
+                k_cells=k,
+                v_cells=v,
+                qkv_bias=layer.vectors.get("qkv_b"),
+                o_bias=layer.vectors.get("o_b"),
+                q_norm=layer.vectors.get("q_norm"),
+                k_norm=layer.vectors.get("k_norm"),
+            )
+            for layer, k, v in zip(w.layers, self.pool.k, self.pool.v, strict=True)
+        ]
+        rope = rope_angles(arch.inv_freq(w.rope_freqs), arch.max_position)
+        return build_decoder(
+            arch,
+            layers,
+            w.embed,
+            w.norm,
+            w.head,
+            rope,
+            self.pool.dtype,
+            self.cpu_paths.block_dot == "int8",
+            self._inputs,
+        )
+
+    # ----------------------------------------------------------------- what the engine reads
+    @property
+    def runner_kind(self) -> str:
+        """What ``/props.cpu.runner`` shows."""
+        return "lean"
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        assert self._tokenizer is not None, "LeanCpuRunner.load sets the tokenizer"
+        return self._tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weights.arch.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.weights.arch.max_position
+
+    @property
+    def row_invariant(self) -> bool:
+        """Every op of the decoder is row-invariant; claimed in exact mode, where it is asked
+        for (``/props.exact`` reports this), as the torch runners do."""
+        return self.model_config.exact
+
+    def execute(self, plan: StepPlan) -> npt.NDArray[np.float32]:
+        if plan.page_copies:
+            self.pool.copy_pages(plan.page_copies)
+        logits = np.empty((count_sampled_rows(plan), self.vocab_size), dtype=np.float32)
+        if not plan.empty:
+            run_step(self.decoder, plan, self.page_size, logits)
+        return logits
+
+    # ----------------------------------------------------------------- parking
+    def bytes_per_cell(self) -> int:
+        return self.pool.bytes_per_cell()
+
+    def host_buffer(self, n_bytes: int) -> npt.NDArray[np.generic]:
+        return self.pool.host_buffer(n_bytes)
+
+    def save_cells(self, cells: list[int], out: npt.NDArray[np.generic]) -> None:
+        self.pool.save_cells(cells, out)
+
+    def restore_cells(self, src: npt.NDArray[np.generic], cells: list[int], first: int = 0) -> None:
+        self.pool.restore_cells(src, cells, first)
+
+    # ----------------------------------------------------------------- /v1/embeddings
+    def embed(self, token_ids: list[int]) -> Any:
+        """The torch runner's embedding (runner/embedding.py): float32 activations against the
+        same blocks, over a temporary cache of its own. Its model loads on the first call."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                from kvpark.runner.torch_runner import TorchRunner  # torch: only from here on
+
+                log.info("/v1/embeddings: loading the torch model beside the lean runner")
+                one_page = PoolConfig(kv_cells=self.page_size, page_size=self.page_size)
+                self._embedder = TorchRunner(self.model_config, one_page)
+        return self._embedder.embed(token_ids)
+
+
+def try_lean(config: EngineConfig) -> tuple[LeanCpuRunner | None, str | None]:
+    """The lean runner for ``config``, or None and the reason it cannot run it."""
+    why = why_not_lean(config.model)
+    if why is not None:
+        return None, why
+    try:
+        return LeanCpuRunner.load(config), None
+    except Unfit as e:
+        return None, str(e)
