@@ -53,7 +53,8 @@ class Blocks:
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
         """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix);
-        q8 parts without offsets beside parts with get -0.0 (BlockWeight.cat says why)."""
+        q8 parts without offsets beside parts with get -0.0 (BlockWeight.cat says why). The one
+        fusing code: the torch model's BlockWeight.cat runs it on numpy views."""
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")

@@ -162,5 +162,4 @@ def _array(t: torch.Tensor) -> Array:
 
 
 def _blocks(w: BlockWeight) -> Blocks:
-    offset = None if w.offset is None else w.offset.numpy()
-    return Blocks(w.kind, w.qs.numpy(), w.scale.numpy(), offset)
+    return w.blocks()

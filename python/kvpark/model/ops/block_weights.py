@@ -93,28 +93,17 @@ class BlockWeight:
 
     @staticmethod
     def cat(parts: list[BlockWeight]) -> BlockWeight:
-        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix).
+        """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix), by
+        ``Blocks.cat``: q8 parts with and without offsets (Q5_K beside Q8_0) fuse with offsets
+        throughout, -0.0 for a part without, which leaves every weight's bits as they were
+        (x + -0.0 is x for every float x, +0.0 included; a +0.0 offset would turn a -0.0 weight
+        into +0.0)."""
+        return BlockWeight.from_blocks(Blocks.cat([p.blocks() for p in parts]))
 
-        q8 parts with and without offsets (Q5_K beside Q8_0) fuse with offsets throughout: a part
-        without gets -0.0, which leaves every weight's bits as they were (x + -0.0 is x for every
-        float x, +0.0 included; a +0.0 offset would turn a -0.0 weight into +0.0)."""
-        kinds = {p.kind for p in parts}
-        if len(kinds) != 1:
-            raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")
-        offset = None
-        if any(p.offset is not None for p in parts):
-            offset = torch.cat(
-                [
-                    p.offset if p.offset is not None else torch.full_like(p.scale, -0.0)
-                    for p in parts
-                ]
-            )
-        return BlockWeight(
-            parts[0].kind,
-            torch.cat([p.qs for p in parts]),
-            torch.cat([p.scale for p in parts]),
-            offset,
-        )
+    def blocks(self) -> Blocks:
+        """These tensors as numpy ``Blocks`` over the same memory (the CPU ones they are)."""
+        offset = None if self.offset is None else self.offset.numpy()
+        return Blocks(self.kind, self.qs.numpy(), self.scale.numpy(), offset)
 
 
 # GGUF's 32-weight blocks (gguf_blocks.py): the dequantisation's torch side
