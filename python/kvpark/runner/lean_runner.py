@@ -67,7 +67,12 @@ class LeanCpuRunner:
     """``kvpark.Runner`` on the CPU with no torch: every step in the Rust decoder."""
 
     def __init__(
-        self, model_config: ModelConfig, pool_config: PoolConfig, weights: NumpyWeights, name: str
+        self,
+        model_config: ModelConfig,
+        pool_config: PoolConfig,
+        weights: NumpyWeights,
+        tokenizer: Tokenizer,
+        name: str,
     ) -> None:
         self.model_config = model_config
         self.cpu_paths: CpuPaths = resolve_cpu_paths(model_config)
@@ -79,7 +84,7 @@ class LeanCpuRunner:
         _core._cpu_set_threads(self.threads)
         self.weights = weights
         self.name = name
-        self._tokenizer: Tokenizer | None = None
+        self._tokenizer = tokenizer
         self.page_size = pool_config.page_size
         self.pool = NumpyKVPool(
             weights.arch,
@@ -101,8 +106,7 @@ class LeanCpuRunner:
         g = GgufFile(path)
         weights = load_numpy_weights(g)
         tokenizer = gguf_tokenizer(g.metadata)
-        runner = cls(config.model, config.pool, weights, Path(path).name)
-        runner._tokenizer = tokenizer
+        runner = cls(config.model, config.pool, weights, tokenizer, Path(path).name)
         return_freed_heap()
         log.info(
             "model %s loaded in %.1f s (numpy, %.0f MiB of block weights)",
@@ -152,7 +156,6 @@ class LeanCpuRunner:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        assert self._tokenizer is not None, "LeanCpuRunner.load sets the tokenizer"
         return self._tokenizer
 
     @property
