@@ -1,7 +1,7 @@
 //! kvpark-core: kvpark's KV cell pool, page tables, occupancy queries and preemption planner,
 //! in plain Rust.
 //!
-//! Vocabulary (SPEC §1): a *cell* holds one token's K and V; a *page* is `page_size`
+//! Vocabulary: a *cell* holds one token's K and V; a *page* is `page_size`
 //! consecutive cells, the unit of allocation; a sequence's *page table* lists its pages in
 //! logical order; the *pool* is all cells. [`KvPool`] holds all of it. With the prefix cache
 //! on ([`KvPool::with_prefix_cache`]) a full page is also addressed by the hash chain of its

@@ -1,4 +1,4 @@
-//! Occupancy: pure queries the preemption planner reads (SPEC §5), never its own estimates.
+//! Occupancy: pure queries the preemption planner reads, never its own estimates.
 //!
 //! Counted in whole pages: a cell shared by several sequences counts once, and a partly used
 //! page counts in full, because that is what allocation can hand out. A cached page (prefix

@@ -1,4 +1,4 @@
-//! The preemption planner (SPEC §5): pure and deterministic. Given a snapshot of the requests,
+//! The preemption planner: pure and deterministic. Given a snapshot of the requests,
 //! the pool (read only through its occupancy queries), the `--preempt-ram` budget with the park
 //! buffers held per slot, the policy and the clock, it returns the actions for this step: give
 //! idle park buffers back, park victims (swap or recompute), resume parked requests, rotate a

@@ -10,8 +10,8 @@ mod kv_values;
 #[cfg(test)]
 mod tests;
 
+use crate::shape::ShapeError;
 use crate::threads::{parallel, team_size, Output};
-use crate::ShapeError;
 pub use kv_values::KvValues;
 use kv_values::{F16Plain, F16cRows, InPlace, Rows};
 

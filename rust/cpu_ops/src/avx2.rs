@@ -5,7 +5,8 @@
 //! four FMAs into its own eight-lane accumulator. The expanded block stays in registers for all
 //! rows of the tile, so at eight rows a weight byte costs about a tenth of what it does at one.
 
-use crate::{Weights, ROW_TILE};
+use crate::tiling::{COLUMN_GROUP, ROW_TILE};
+use crate::weights::{Weights, BLOCK};
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -23,7 +24,7 @@ pub(crate) unsafe fn columns(
     w: Weights<'_>,
     c: usize,
     cols: usize,
-    out: &mut [[f32; ROW_TILE]; crate::COLUMN_GROUP],
+    out: &mut [[f32; ROW_TILE]; COLUMN_GROUP],
 ) {
     for g in 0..cols {
         crate::plain::column(x, tile, k, w, c + g, &mut out[g]);
@@ -31,7 +32,7 @@ pub(crate) unsafe fn columns(
 }
 
 /// `out[g][r] = x[r] . W[c + g]` for the `tile` rows of `x` and the `cols` columns from `c`
-/// (`cols` at most [`crate::COLUMN_GROUP`]). Bitwise `plain::column`'s result for each column.
+/// (`cols` at most [`COLUMN_GROUP`]). Bitwise `plain::column`'s result for each column.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA ([`available`]).
@@ -44,7 +45,7 @@ pub(crate) unsafe fn columns(
     w: Weights<'_>,
     c: usize,
     cols: usize,
-    out: &mut [[f32; ROW_TILE]; crate::COLUMN_GROUP],
+    out: &mut [[f32; ROW_TILE]; COLUMN_GROUP],
 ) {
     // A row's accumulator takes four dependent FMAs per block; with few rows, several columns
     // run side by side so the core has independent chains to overlap. Neither changes the order
@@ -54,14 +55,14 @@ pub(crate) unsafe fn columns(
         (2, 4) => group::<2, 4>(x, k, w, c, out),
         (3 | 4, 4) => {
             group::<4, 2>(x, k, w, c, out);
-            let mut rest = [[0.0; ROW_TILE]; crate::COLUMN_GROUP];
+            let mut rest = [[0.0; ROW_TILE]; COLUMN_GROUP];
             group::<4, 2>(x, k, w, c + 2, &mut rest);
             out[2] = rest[0];
             out[3] = rest[1];
         }
         _ => {
             for (g, column) in out.iter_mut().enumerate().take(cols) {
-                let mut one = [[0.0; ROW_TILE]; crate::COLUMN_GROUP];
+                let mut one = [[0.0; ROW_TILE]; COLUMN_GROUP];
                 match tile {
                     1 => group::<1, 1>(x, k, w, c + g, &mut one),
                     2 => group::<2, 1>(x, k, w, c + g, &mut one),
@@ -84,7 +85,7 @@ unsafe fn group<const R: usize, const G: usize>(
     k: usize,
     w: Weights<'_>,
     c: usize,
-    out: &mut [[f32; ROW_TILE]; crate::COLUMN_GROUP],
+    out: &mut [[f32; ROW_TILE]; COLUMN_GROUP],
 ) {
     match w {
         Weights::Q4(w) => {
@@ -118,9 +119,9 @@ unsafe fn group_of<const R: usize, const G: usize, B: Expand>(
     k: usize,
     w: B,
     c: usize,
-    out: &mut [[f32; ROW_TILE]; crate::COLUMN_GROUP],
+    out: &mut [[f32; ROW_TILE]; COLUMN_GROUP],
 ) {
-    let blocks = k / crate::BLOCK;
+    let blocks = k / BLOCK;
     let tile = x.len() / k;
     assert!(tile >= 1 && x.len() == tile * k);
     let row_at: [usize; R] = std::array::from_fn(|r| r.min(tile - 1) * k);
@@ -132,7 +133,7 @@ unsafe fn group_of<const R: usize, const G: usize, B: Expand>(
             w.prefetch((c + G + g) * blocks + b);
             let wv = w.expand((c + g) * blocks + b);
             for (a, at) in accs.iter_mut().zip(row_at) {
-                let xb = xp.add(at + b * crate::BLOCK);
+                let xb = xp.add(at + b * BLOCK);
                 for (v, wvv) in wv.iter().enumerate() {
                     *a = _mm256_fmadd_ps(*wvv, _mm256_loadu_ps(xb.add(v * 8)), *a);
                 }

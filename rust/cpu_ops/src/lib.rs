@@ -36,148 +36,21 @@ pub mod int8;
 pub mod isa;
 mod norm;
 mod plain;
+mod product;
+mod shape;
 mod threads;
+mod tiling;
+mod weights;
 
 pub use attention::{decode_attention, DecodeAttention, KvValues};
 pub use int8::{matmul_i8, matmul_q4_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use norm::rms_norm;
+pub use shape::ShapeError;
 pub use threads::set_threads;
+pub use tiling::ROW_TILE;
+pub use weights::{Q4Weights, Q8Weights, Weights, BLOCK};
 
-/// Weights per quantisation block.
-pub const BLOCK: usize = 32;
-/// Rows of `x` multiplied together against one expanded weight block.
-pub const ROW_TILE: usize = 8;
-/// Output columns handed to a thread at a time.
-const COLUMN_CHUNK: usize = 16;
-/// Output columns computed side by side (a multiple of it divides [`COLUMN_CHUNK`]).
-pub(crate) const COLUMN_GROUP: usize = 4;
-
-/// 4-bit weights: `weight = scale * nibble + offset`, per block of 32.
-#[derive(Clone, Copy, Debug)]
-pub struct Q4Weights<'a> {
-    pub qs: &'a [u8],
-    pub scale: &'a [f32],
-    pub offset: &'a [f32],
-    pub n: usize,
-    pub k: usize,
-}
-
-/// 8-bit weights: `weight = scale * q + offset` (no offset: `scale * q`), per block of 32.
-#[derive(Clone, Copy, Debug)]
-pub struct Q8Weights<'a> {
-    pub qs: &'a [i8],
-    pub scale: &'a [f32],
-    /// `[n, k / 32]`, or `None` (Q8_0).
-    pub offset: Option<&'a [f32]>,
-    pub n: usize,
-    pub k: usize,
-}
-
-/// Why a product cannot run: a size that does not match the others.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShapeError(pub String);
-
-impl std::fmt::Display for ShapeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ShapeError {}
-
-fn check(what: &str, got: usize, want: usize) -> Result<(), ShapeError> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(ShapeError(format!(
-            "{what} has {got} elements, expected {want}"
-        )))
-    }
-}
-
-fn check_common(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result<(), ShapeError> {
-    if k == 0 || !k.is_multiple_of(BLOCK) {
-        return Err(ShapeError(format!(
-            "k = {k} is not a positive multiple of {BLOCK}"
-        )));
-    }
-    check("x", x.len(), rows * k)?;
-    check("y", y.len(), rows * n)
-}
-
-/// One weight matrix in either format (what [`matmul_i8`] takes).
-#[derive(Clone, Copy, Debug)]
-pub enum Weights<'a> {
-    Q4(Q4Weights<'a>),
-    Q8(Q8Weights<'a>),
-}
-
-impl<'a> From<Q4Weights<'a>> for Weights<'a> {
-    fn from(w: Q4Weights<'a>) -> Self {
-        Weights::Q4(w)
-    }
-}
-
-impl<'a> From<Q8Weights<'a>> for Weights<'a> {
-    fn from(w: Q8Weights<'a>) -> Self {
-        Weights::Q8(w)
-    }
-}
-
-impl Weights<'_> {
-    /// Output columns (rows of `W`).
-    pub fn n(&self) -> usize {
-        match self {
-            Weights::Q4(w) => w.n,
-            Weights::Q8(w) => w.n,
-        }
-    }
-
-    /// Inputs per column, a multiple of [`BLOCK`].
-    pub fn k(&self) -> usize {
-        match self {
-            Weights::Q4(w) => w.k,
-            Weights::Q8(w) => w.k,
-        }
-    }
-
-    /// Every slice has the length the shapes say.
-    pub(crate) fn check(&self, x: &[f32], y: &[f32], rows: usize) -> Result<(), ShapeError> {
-        let (n, k) = (self.n(), self.k());
-        check_common(x, y, rows, n, k)?;
-        match self {
-            Weights::Q4(w) => {
-                check("qs", w.qs.len(), n * k / 2)?;
-                check("scale", w.scale.len(), n * k / BLOCK)?;
-                check("offset", w.offset.len(), n * k / BLOCK)
-            }
-            Weights::Q8(w) => {
-                check("qs", w.qs.len(), n * k)?;
-                check("scale", w.scale.len(), n * k / BLOCK)?;
-                w.offset
-                    .map_or(Ok(()), |o| check("offset", o.len(), n * k / BLOCK))
-            }
-        }
-    }
-}
-
-/// `y = x @ W.T`: on the thread team with SIMD where the CPU has it, or on the calling thread
-/// through the portable path (`simd` false).
-fn product(
-    x: &[f32],
-    rows: usize,
-    w: Weights<'_>,
-    y: &mut [f32],
-    simd: bool,
-) -> Result<(), ShapeError> {
-    w.check(x, y, rows)?;
-    if simd {
-        threads::run(x, rows, w.k(), w, y);
-    } else {
-        columns(x, rows, w.k(), w, 0..w.n(), &threads::Output::new(y), false);
-    }
-    Ok(())
-}
+use product::product;
 
 /// `y = x @ W.T` for 4-bit block weights.
 pub fn matmul_q4(
@@ -217,43 +90,4 @@ pub fn matmul_q8_plain(
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
     product(x, rows, Weights::Q8(w), y, false)
-}
-
-/// Output columns `cols` of every row: `y[r * n + c]` for `c` in `cols`. `y` is the whole
-/// output; only those columns are written, so threads given disjoint columns can share it.
-pub(crate) fn columns(
-    x: &[f32],
-    rows: usize,
-    k: usize,
-    w: Weights<'_>,
-    cols: std::ops::Range<usize>,
-    y: &threads::Output,
-    simd: bool,
-) {
-    let n = w.n();
-    let mut out = [[0.0f32; ROW_TILE]; COLUMN_GROUP];
-    let mut r0 = 0;
-    while r0 < rows {
-        let tile = ROW_TILE.min(rows - r0);
-        let xt = &x[r0 * k..(r0 + tile) * k];
-        let mut c = cols.start;
-        while c < cols.end {
-            let group = COLUMN_GROUP.min(cols.end - c);
-            if simd {
-                // SAFETY: `simd` is only true when avx2::available() said the CPU has AVX2 and FMA.
-                unsafe { avx2::columns(xt, tile, k, w, c, group, &mut out) };
-            } else {
-                for (g, o) in out.iter_mut().enumerate().take(group) {
-                    plain::column(xt, tile, k, w, c + g, o);
-                }
-            }
-            for (g, o) in out.iter().enumerate().take(group) {
-                for (r, v) in o[..tile].iter().enumerate() {
-                    y.set((r0 + r) * n + c + g, *v);
-                }
-            }
-            c += group;
-        }
-        r0 += tile;
-    }
 }

@@ -2,7 +2,7 @@
 //! to scale per row. torch's CPU `rms_norm` runs as six separate ops (pow, mean, add, rsqrt, two
 //! muls); at a decode step's few rows that dispatch, not the arithmetic, is its cost.
 
-use crate::ShapeError;
+use crate::shape::ShapeError;
 
 /// Normalises each `weight.len()`-long row of `x` into `out`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), ShapeError> {

@@ -1,7 +1,8 @@
 //! The portable path: the same arithmetic as `avx2.rs`, in the same order, lane by lane, so both
 //! give the same bits (`f32::mul_add` is a fused multiply-add, as `_mm256_fmadd_ps` is).
 
-use crate::{Weights, BLOCK, ROW_TILE};
+use crate::tiling::ROW_TILE;
+use crate::weights::{Weights, BLOCK};
 
 /// Expands block `b` of column `c`: the 32 f32 weights, bitwise the dequantised ones.
 pub(crate) fn expand(w: Weights<'_>, c: usize, b: usize, out: &mut [f32; BLOCK]) {

@@ -17,8 +17,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{avx2, columns, Weights, COLUMN_CHUNK};
-
 /// How long an idle helper waits for work before it parks (`KVPARK_CPU_SPIN_US` overrides it):
 /// first up to `PURE_SPINS` busy loops, then yielding the core between looks.
 const SPIN: Duration = Duration::from_millis(2);
@@ -248,22 +246,4 @@ pub(crate) fn parallel(tasks: usize, work: usize, f: &(dyn Fn(Range<usize>) + Sy
             f(0..tasks);
         }
     }
-}
-
-pub(crate) fn run(x: &[f32], rows: usize, k: usize, w: Weights<'_>, y: &mut [f32]) {
-    let n = w.n();
-    let simd = avx2::available();
-    let out = Output::new(y);
-    let col = |c: usize| (c * COLUMN_CHUNK).min(n);
-    parallel(n.div_ceil(COLUMN_CHUNK), n * k, &|chunks| {
-        columns(
-            x,
-            rows,
-            k,
-            w,
-            col(chunks.start)..col(chunks.end),
-            &out,
-            simd,
-        )
-    });
 }

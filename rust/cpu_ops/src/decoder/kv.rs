@@ -1,6 +1,6 @@
 //! One layer's K or V cells, written by the step that computes them and read by its attention.
 
-use crate::KvValues;
+use crate::attention::KvValues;
 
 /// A layer's K (or V) pool, `[cells, kv_heads, head_dim]`, in the pool's dtype.
 #[derive(Debug)]

@@ -1,9 +1,12 @@
 //! One transformer layer over a step's rows, in place on the residual stream `x`.
 
 use super::{sized, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
-use crate::{
-    decode_attention, matmul_i8, DecodeAttention, I8Kernel, I8Scratch, ShapeError, Weights,
-};
+use crate::attention::{decode_attention, DecodeAttention};
+use crate::int8::{matmul_i8, I8Kernel, I8Scratch};
+use crate::norm::rms_norm;
+use crate::product::product;
+use crate::shape::ShapeError;
+use crate::weights::Weights;
 
 /// `y = x @ W.T` on the thread team, in the arithmetic `dot` names.
 pub(crate) fn matmul(
@@ -16,7 +19,7 @@ pub(crate) fn matmul(
 ) -> Result<(), ShapeError> {
     match dot {
         Dot::Int8 => matmul_i8(x, rows, w, y, I8Kernel::best(), scratch),
-        Dot::F32 => crate::product(x, rows, w, y, true),
+        Dot::F32 => product(x, rows, w, y, true),
     }
 }
 
@@ -51,7 +54,7 @@ fn heads_in_place(
 ) -> Result<(), ShapeError> {
     if let Some(w) = norm {
         tmp.copy_from_slice(x);
-        crate::rms_norm(tmp, w, s.eps, x)?;
+        rms_norm(tmp, w, s.eps, x)?;
     }
     for head in x.chunks_exact_mut(s.head_dim) {
         rope(head, cos, sin);
@@ -89,7 +92,7 @@ pub(super) fn run(
 
     // attention: norm, QKV, rope, store K and V, attend
     let h = sized(&mut ws.h, t * s.hidden);
-    crate::rms_norm(x, layer.attn_norm, s.eps, h)?;
+    rms_norm(x, layer.attn_norm, s.eps, h)?;
     let qkv = sized(&mut ws.qkv, t * qkv_w);
     matmul(model.dot, h, t, layer.qkv, qkv, &mut ws.i8)?;
     add_bias(qkv, layer.qkv_bias);
@@ -132,7 +135,7 @@ pub(super) fn run(
 
     // MLP: norm, gate/up, silu(gate) * up, down
     let h = sized(&mut ws.h, t * s.hidden);
-    crate::rms_norm(x, layer.mlp_norm, s.eps, h)?;
+    rms_norm(x, layer.mlp_norm, s.eps, h)?;
     let i = s.intermediate;
     let gu = sized(&mut ws.gate_up, t * 2 * i);
     matmul(model.dot, h, t, layer.gate_up, gu, &mut ws.i8)?;

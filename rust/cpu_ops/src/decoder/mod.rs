@@ -18,7 +18,10 @@ mod kv;
 mod layer;
 mod silu;
 
-use crate::{ShapeError, Weights};
+use crate::int8::I8Scratch;
+use crate::norm::rms_norm;
+use crate::shape::ShapeError;
+use crate::weights::{Weights, BLOCK};
 pub use kv::{bf16_bits, f16_bits, KvCells};
 
 /// The model's sizes.
@@ -110,7 +113,7 @@ pub struct Workspace {
     pub(crate) context: Vec<i64>,
     pub(crate) rows: Vec<i64>,
     pub(crate) stride: usize,
-    pub(crate) i8: crate::I8Scratch,
+    pub(crate) i8: I8Scratch,
 }
 
 /// Sets `buf` to `len` values, reusing its memory.
@@ -267,7 +270,7 @@ pub fn forward(
                 .copy_from_slice(&xs[r * s.hidden..(r + 1) * s.hidden]);
         }
         let normed = sized(&mut ws.h, n * s.hidden);
-        crate::rms_norm(picked, model.norm, s.eps, normed)?;
+        rms_norm(picked, model.norm, s.eps, normed)?;
         layer::matmul(model.dot, normed, n, model.head, logits, &mut ws.i8)
     })();
     ws.x = x;
@@ -278,7 +281,7 @@ pub fn forward(
 /// (`q * scale` for 8-bit blocks, `scale * nibble + offset` for 4-bit ones: the product is
 /// exact, so the one rounding of an FMA is the one rounding of the sum).
 fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
-    const B: usize = crate::BLOCK;
+    const B: usize = BLOCK;
     let blocks = w.k() / B;
     for (b, o) in out.chunks_exact_mut(B).enumerate() {
         let at = r * blocks + b;

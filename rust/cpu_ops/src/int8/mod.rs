@@ -91,8 +91,10 @@ mod vnni;
 pub use scratch::{I8Scratch, QuantisedRow};
 
 use crate::isa::{self, Isa};
+use crate::shape::ShapeError;
 use crate::threads::{self, Output};
-use crate::{Q4Weights, Q8Weights, ShapeError, Weights, COLUMN_CHUNK};
+use crate::tiling::COLUMN_CHUNK;
+use crate::weights::{Q4Weights, Q8Weights, Weights};
 
 /// Lanes of the float combine (and blocks per group).
 pub const LANES: usize = 8;

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use super::simd::{load_lanes, Dot};
 use super::{Activations, LANES};
 use crate::threads::Output;
-use crate::{Q4Weights, BLOCK};
+use crate::weights::{Q4Weights, BLOCK};
 
 /// Bytes of a pair of blocks' activations in [`lay_out_pairs`]' order.
 const PAIR: usize = 2 * BLOCK;

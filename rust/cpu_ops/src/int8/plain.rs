@@ -3,7 +3,7 @@
 
 use super::{Activations, LANES};
 use crate::threads::Output;
-use crate::{Weights, BLOCK};
+use crate::weights::{Weights, BLOCK};
 
 /// Output columns `cols` of every row of `a` into `y` (`[rows, n]`).
 pub(super) fn columns(

@@ -2,7 +2,7 @@
 //! kernels. The same operations on the same values in both (an integer maximum, an f32 division,
 //! an f32 reciprocal, f32 products, rounding to nearest even), so the same bits.
 
-use crate::BLOCK;
+use crate::weights::BLOCK;
 
 /// Bits of `|x|` at or above these are an inf or NaN.
 const NON_FINITE: u32 = 0x7f80_0000;

@@ -8,7 +8,8 @@
 //! ```
 
 use super::{quantise, Activations, I8Kernel, LANES};
-use crate::{ShapeError, BLOCK};
+use crate::shape::{check, ShapeError};
+use crate::weights::BLOCK;
 
 /// The quantised activations of the last [`crate::matmul_i8`] (or [`I8Scratch::quantise`]).
 #[derive(Clone, Debug, Default)]
@@ -58,7 +59,7 @@ impl I8Scratch {
                 "k = {k} is not a positive multiple of {BLOCK}"
             )));
         }
-        crate::check("x", x.len(), rows * k)?;
+        check("x", x.len(), rows * k)?;
         kernel.assert_runs_here();
         let padded = padded_blocks(k);
         self.q.resize(rows * k, 0);

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use super::{Activations, LANES};
 use crate::threads::Output;
-use crate::{Q4Weights, BLOCK};
+use crate::weights::{Q4Weights, BLOCK};
 
 /// Columns per group: the eight i32 (or f32) lanes of a 256-bit vector.
 pub(super) const GROUP: usize = 8;

@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use super::side_by_side::{combine, store_row, GROUP, MAX_BLOCKS};
 use super::{Activations, LANES};
 use crate::threads::Output;
-use crate::{Q8Weights, BLOCK};
+use crate::weights::{Q8Weights, BLOCK};
 
 /// One group's blocks, transposed: per block eight vectors, vector `j` holding weights
 /// `4j..4j + 4` of each of the eight columns (as u8, `w + 128`), and the columns' scales and

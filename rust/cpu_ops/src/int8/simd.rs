@@ -10,7 +10,8 @@ use std::arch::x86_64::*;
 
 use super::{Activations, LANES};
 use crate::threads::Output;
-use crate::{Weights, BLOCK, ROW_TILE};
+use crate::tiling::ROW_TILE;
+use crate::weights::{Weights, BLOCK};
 
 /// A u8 x i8 dot: lane `j` of the result is `Σ_{i<4} u[4j+i] * s[4j+i]`, exact (see `int8`).
 pub(super) trait Dot {

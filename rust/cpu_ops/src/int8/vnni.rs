@@ -9,7 +9,7 @@ use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
-use crate::{Q4Weights, Weights};
+use crate::weights::{Q4Weights, Weights};
 
 struct Dpbusd;
 
