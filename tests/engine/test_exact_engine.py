@@ -40,11 +40,13 @@ Trace = list[tuple[int, list[TokenLogprob]]]  # per choice: token ids with their
 
 
 # the two exact paths on the CPU: the torch model with dense weights and the row-invariant op set
-# (whose ops the control tests swap back one by one), and the native runner's Rust decoder with
-# block weights (runner/native_runner.py), where every step runs in Rust, prompt rows included
+# (whose ops the control tests swap back one by one), and the lean runner's Rust decoder with
+# block weights (runner/lean_runner.py), where every step runs in Rust, prompt rows included;
+# "torch-blocks" is the lean runner's control: the torch model over the same block kernels
 RUNNERS = {
     "torch": {"weights": "dense", "runner": "torch"},
-    "native": {"weights": "blocks", "runner": "native"},
+    "lean": {"runner": "lean"},
+    "torch-blocks": {"weights": "blocks", "runner": "torch"},
 }
 
 
@@ -61,7 +63,7 @@ def make(
     options.setdefault("kv_cells", 2048)
     options.setdefault("parallel", 8)
     llm = kvpark.LLM(exact=True, **options)
-    assert getattr(llm.engine.runner, "runner_kind", "torch") == runner
+    assert getattr(llm.engine.runner, "runner_kind", "torch") == RUNNERS[runner]["runner"]
     return llm
 
 
@@ -126,8 +128,8 @@ def alone() -> Iterator[Alone]:
 
 
 @pytest.fixture(scope="module")
-def alone_native() -> Iterator[Alone]:
-    yield from alone_runs("native")
+def alone_lean() -> Iterator[Alone]:
+    yield from alone_runs("lean")
 
 
 PARAMS = {"greedy": GREEDY, "seeded": SEEDED}
@@ -139,7 +141,7 @@ SETUPS = {  # engine options and forced-park knob
 }
 
 
-@pytest.mark.parametrize("runner", list(RUNNERS))
+@pytest.mark.parametrize("runner", ["torch", "lean"])  # the exact paths; not the control
 @pytest.mark.parametrize("kind", list(PARAMS))
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_the_probe_is_bit_identical_beside_random_neighbours(
@@ -149,7 +151,7 @@ def test_the_probe_is_bit_identical_beside_random_neighbours(
     kind: str,
     runner: str,
 ) -> None:
-    alone: Alone = request.getfixturevalue("alone" if runner == "torch" else "alone_native")
+    alone: Alone = request.getfixturevalue("alone" if runner == "torch" else "alone_lean")
     options, every = SETUPS[setup]
     llm = make(monkeypatch, every=every, runner=runner, **options)
     rng = random.Random(f"{setup}/{kind}")
@@ -192,12 +194,11 @@ def test_the_comparison_fails_when_one_op_is_plain(
     assert run(llm.engine, GREEDY, neighbours, probe_step=2) != alone["greedy"]
 
 
-def test_the_native_comparison_fails_when_the_arithmetic_changes(
-    alone_native: Alone, monkeypatch: pytest.MonkeyPatch
+def test_the_lean_comparison_fails_when_the_arithmetic_changes(
+    alone_lean: Alone, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The native runner's control: the same probe through the torch model's row-invariant ops
+    """The lean runner's control: the same probe through the torch model's row-invariant ops
     (the same block kernels; torch's silu, rope order and attention instead of the Rust
     decoder's) differs in its bits, so the comparisons above can see a change of that size."""
-    llm = make(monkeypatch, runner="native", max_batch_tokens=16)
-    llm.engine.runner.decoder = None  # every step through the torch model from here on
-    assert run(llm.engine, GREEDY) != alone_native["greedy"]
+    llm = make(monkeypatch, runner="torch-blocks", max_batch_tokens=16)
+    assert run(llm.engine, GREEDY) != alone_lean["greedy"]

@@ -55,7 +55,7 @@ def logprobs(out: kvpark.RequestOutput) -> list[float]:
         ("f32", "float32", "lean"),
         ("bf16", "bfloat16", "lean"),
         ("f16", "float16", "lean"),
-        ("bf16", "bfloat16", "native"),  # the torch pool's copies (KVCache)
+        ("bf16", "bfloat16", "torch"),  # the torch pool's copies (KVCache)
     ],
 )
 def test_forced_swap_parks_leave_tokens_and_logits_exactly(

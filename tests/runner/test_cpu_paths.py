@@ -18,9 +18,8 @@ import kvpark
 from kvpark import SamplingParams, _core
 from kvpark.config.layers import ModelConfig
 from kvpark.model.ops import cpu_attention
-from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_MIN_ROWS, choose
+from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_MIN_ROWS, choose, resolve_cpu_paths
 from kvpark.runner.lean_runner import LeanCpuRunner
-from kvpark.runner.torch_runner import TorchRunner, resolve_cpu_paths
 
 AVX512_BF16 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": True}
 AVX512 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": False}
@@ -35,17 +34,12 @@ QUESTIONS = [
 
 
 @pytest.mark.parametrize(
-    ("features", "blocks", "float32_prompt"),
-    [
-        (AVX512_BF16, True, "bfloat16"),
-        (AVX512, True, "float32"),
-        (AVX2, True, "float32"),
-        (PLAIN, False, None),
-    ],
+    "features", [AVX512_BF16, AVX512, AVX2, PLAIN], ids=["avx512-bf16", "avx512", "avx2", "plain"]
 )
-def test_the_rule_on_each_cpu_family(
-    features: dict[str, bool | str], blocks: bool, float32_prompt: str | None
-) -> None:
+def test_the_rule_on_each_cpu_family(features: dict[str, bool | str]) -> None:
+    """One CPU stack: every family multiplies the GGUF's blocks (plain Rust without AVX2), and
+    prompt chunks stay on them unless a dense prompt GEMM is asked for."""
+    blocks = True
     paths = choose(features)
     assert paths.dtype == "float32"  # bf16 decode fails the greedy rule everywhere
     assert paths.blocks == blocks
@@ -57,21 +51,23 @@ def test_the_rule_on_each_cpu_family(
     assert exact.blocks == blocks and exact.prompt_dtype is None  # one arithmetic
     assert exact.kv_dtype == paths.kv_dtype and exact.block_dot == "int8"
     as_before = choose(features, block_dot="float32")  # float32 activations against the blocks
-    assert as_before.prompt_dtype == float32_prompt and as_before.kv_dtype == "bfloat16"
+    assert as_before.prompt_dtype is None and as_before.kv_dtype == "bfloat16"
     assert choose(features, block_dot="float32", prompt_path="same").prompt_dtype is None
     assert choose(features, prompt_path="float32").prompt_dtype == ("float32" if blocks else None)
     assert choose(features, kv_dtype="bf16").kv_dtype == "bfloat16"
     shown = paths.describe()
     assert shown["isa"] == features["isa"] and shown["kv_dtype"] == paths.kv_dtype
     assert shown["prompt_min_rows"] is None
-    assert as_before.describe()["prompt_min_rows"] == (PROMPT_MIN_ROWS if blocks else None)
+    assert as_before.describe()["prompt_min_rows"] is None
+    assert choose(features, prompt_path="float32").describe()["prompt_min_rows"] == PROMPT_MIN_ROWS
+    assert choose(features, weights="dense").blocks is False  # asked for: the torch runner
 
 
 def test_explicit_choices_win_or_are_refused() -> None:
     assert choose(AVX2, dtype="bfloat16").blocks is False  # bf16 activations: dense weights
     assert choose(AVX2, weights="dense").prompt_dtype is None
     assert choose(AVX2, prompt_path="bfloat16").prompt_dtype == "bfloat16"
-    assert choose(PLAIN, weights="blocks").blocks is True  # slow, but asked for
+    assert choose(PLAIN, weights="blocks").blocks is True
     with pytest.raises(ValueError, match="float32"):
         choose(AVX2, dtype="bfloat16", weights="blocks")
     with pytest.raises(ValueError, match="exact mode"):
@@ -81,7 +77,7 @@ def test_explicit_choices_win_or_are_refused() -> None:
     assert choose(AVX2).block_dot == "int8"  # llama.cpp's arithmetic (test_llamacpp_greedy)
     assert choose(AVX2, block_dot="float32").block_dot == "float32"
     assert choose(AVX2).describe()["block_dot"] == "int8"
-    assert choose(PLAIN).describe()["block_dot"] is None  # no blocks to multiply
+    assert choose(PLAIN, weights="dense").describe()["block_dot"] is None  # no blocks
     with pytest.raises(ValueError, match="block dot"):
         choose(AVX2, block_dot="int4")
     with pytest.raises(ValueError, match="KV dtype"):
@@ -203,9 +199,14 @@ def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     out = {}
     for path in ("same", "float32", "bfloat16"):
-        # the dense prompt paths are defaults under float32 activations only
+        # a dense prompt GEMM is the torch runner's (over the same blocks)
         llm = kvpark.LLM(
-            runner="native", prompt_path=path, block_dot="float32", threads=1, kv_cells=1024
+            runner="torch",
+            weights="blocks",
+            prompt_path=path,
+            block_dot="float32",
+            threads=1,
+            kv_cells=1024,
         )
         runner = llm.engine.runner
         assert isinstance(runner, kvpark.runner.torch_runner.TorchRunner)
@@ -220,8 +221,8 @@ def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
 def test_a_dense_prompt_path_keeps_float32s_greedy_tokens(
     greedy_by_prompt_path: dict[str, list[list[int]]], path: str
 ) -> None:
-    """The rule's condition for a prompt path to be a default: on the parity prompts, its greedy
-    tokens equal the float32 block path's for 32 tokens."""
+    """The condition a dense prompt path meets before it may be offered: on the parity prompts,
+    its greedy tokens equal the float32 block path's for 32 tokens."""
     want = greedy_by_prompt_path["same"]
     assert all(len(t) == 32 for t in want)
     assert greedy_by_prompt_path[path] == want
@@ -234,7 +235,13 @@ def test_greedy_tokens_do_not_change_beside_a_dense_prompt_chunk() -> None:
     normal mode; exact mode is the bitwise promise)."""
     torch.set_num_threads(1)
     llm = kvpark.LLM(
-        threads=1, kv_cells=2048, max_batch_tokens=256, prompt_path="float32", block_dot="float32"
+        runner="torch",
+        weights="blocks",
+        threads=1,
+        kv_cells=2048,
+        max_batch_tokens=256,
+        prompt_path="float32",
+        block_dot="float32",
     )
     assert llm.engine.runner.prompt_min_rows == PROMPT_MIN_ROWS
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -256,13 +263,10 @@ def greedy_by_kv_dtype() -> dict[str, dict[str, list[list[int]]]]:
     for dot in ("float32", "int8"):
         got = out.setdefault(dot, {})
         for spelt, kv_dtype in (("f32", "float32"), ("bf16", "bfloat16"), ("f16", "float16")):
-            # the native runner (the lean one gives its bits, tests/runner/test_lean_runner.py)
-            llm = kvpark.LLM(
-                runner="native", kv_dtype=spelt, block_dot=dot, threads=1, kv_cells=1024
-            )
+            llm = kvpark.LLM(runner="lean", kv_dtype=spelt, block_dot=dot, threads=1, kv_cells=1024)
             runner = llm.engine.runner
-            assert isinstance(runner, TorchRunner)
-            assert runner.kv.k[0].dtype == getattr(torch, kv_dtype)
+            assert isinstance(runner, LeanCpuRunner)
+            assert runner.pool.dtype == kv_dtype
             got[kv_dtype] = [o.token_ids for o in llm.chat(chats, params)]
             got[f"{kv_dtype} bytes"] = [[runner.bytes_per_cell()]]
     return out
@@ -287,17 +291,16 @@ def test_the_default_pool_follows_the_rule_under_each_block_dot(
     their 8-bit rounding turns the cells' last bits into other near-ties within 32 tokens).
 
     Under float32 activations bf16 cells keep them on every machine measured; f16 cells do where
-    prompt chunks run in float32 (AVX2) but not where ``--prompt-path auto`` gives them a bf16
-    GEMM (the third prompt parts at token 20), which is why the rule is checked here, with this
-    machine's own default arithmetic, and not once for all."""
+    prompt chunks run in float32 but not under a bf16 prompt GEMM (the third prompt parts at
+    token 20), which is why the rule is checked here, with this machine's own default
+    arithmetic, and not once for all."""
     got = greedy_by_kv_dtype[dot]
     keeping = [p for p in ("bfloat16", "float16") if got[p] == got["float32"]]
     if dot == "float32":
         assert "bfloat16" in keeping
     paths = resolve_cpu_paths(ModelConfig(block_dot=dot))
-    if not paths.blocks:  # no AVX2 here: dense float32 rows, no block dot
-        assert paths.kv_dtype == "bfloat16"
-    elif keeping:
+    assert paths.blocks  # every ISA multiplies the blocks
+    if keeping:
         assert paths.kv_dtype in keeping
     else:
         assert paths.kv_dtype == "float32"
@@ -326,14 +329,10 @@ def test_decode_attention_reads_a_16_bit_pool_as_its_values_widened(pool: torch.
 def test_the_default_engine_runs_int8_blocks_with_the_rules_pool() -> None:
     """The defaults as a user gets them: on a CPU with AVX2, int8 activations against the GGUF's
     blocks (llama.cpp's arithmetic, test_llamacpp_greedy.py), prompt rows on the same blocks, and
-    the pool the rule above picks for int8; without AVX2, dense float32 rows."""
+    the pool the rule above picks for int8; on every ISA (plain Rust without AVX2)."""
     torch.set_num_threads(1)
     llm = kvpark.LLM(threads=1, kv_cells=256)
     runner = llm.engine.runner
-    if isinstance(runner, TorchRunner):  # no AVX2: no blocks, so the torch runner
-        assert runner.cpu_paths is not None and runner.cpu_paths.isa == "plain"
-        assert not runner.cpu_paths.blocks and runner.kv.k[0].dtype == torch.bfloat16
-        return
     assert isinstance(runner, LeanCpuRunner)  # the decoder without torch (lean_runner.py)
     assert runner.cpu_paths.block_dot == "int8" and runner.cpu_paths.prompt_dtype is None
     assert runner.pool.dtype == "float32"

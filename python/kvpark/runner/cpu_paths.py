@@ -5,36 +5,38 @@ the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
 ``KVPARK_CPU_ISA``). The table and the step times behind it are in docs/cpu-kernels.md:
 
 =====================  ==============  ================================  ==============  ==========
-effective ISA          decode rows     prompt chunks (normal mode)       exact mode      KV cells
+effective ISA          decode rows     prompt chunks                     exact mode      KV cells
 =====================  ==============  ================================  ==============  ==========
 avx512 (+ VNNI)        int8 x blocks   int8 x blocks                     int8 x blocks   float32
 avx2                   int8 x blocks   int8 x blocks                     int8 x blocks   float32
-plain (no AVX2)        dense float32   dense float32                     dense float32   bfloat16
+plain (no AVX2)        int8 x blocks   int8 x blocks                     int8 x blocks   float32
 =====================  ==============  ================================  ==============  ==========
+
+The CPU has one execution stack, the Rust decoder (runner/lean_runner.py), so every ISA takes
+the GGUF's blocks: without AVX2 the kernels' plain Rust path runs them (slower than a dense BLAS
+at one row, but with no torch in the process and the same bits as every SIMD path).
 
 Block products round the activations to int8 per block of 32 (``--block-dot auto``: int8,
 llama.cpp's own arithmetic, whose greedy tokens agree with llama.cpp's on the parity prompts:
 tests/model/test_llamacpp_greedy.py), with VNNI's ``vpdpbusd`` where the CPU has it and
 ``vpmaddubsw`` on AVX2. It is the fastest product on both families (docs/cpu-kernels.md) and
 needs no dense copy of the weights. Prompt chunks stay on the same blocks (``--prompt-path
-auto``), so that every row has llama.cpp's arithmetic. ``--block-dot float32`` multiplies
-float32 activations by each block expanded to float32 instead; under it ``--prompt-path auto``
-runs long prompt chunks through a dense GEMM (bfloat16 where the CPU has native bf16, else
-float32).
+auto``), so that every row has one arithmetic. ``--block-dot float32`` multiplies float32
+activations by each block expanded to float32 instead. A dense prompt GEMM (``--prompt-path
+float32`` or ``bfloat16``) is the torch runner's: asked for, it runs the model there.
 
-``--kv-dtype auto`` takes a 16-bit pool only where the rule of issue 12 holds for the arithmetic
-in force: the parity prompts' 32 greedy tokens equal the float32 pool's
+``--kv-dtype auto`` takes a 16-bit pool only where the greedy rule holds for the arithmetic in
+force: the parity prompts' 32 greedy tokens equal the float32 pool's
 (tests/runner/test_cpu_paths.py). Under float32 activations both bf16 and f16 cells hold it, and
 auto is bfloat16; under int8 activations neither does (the 8-bit rounding turns the cells' last
 bits into different near-ties within 32 tokens), so auto is float32 there. A float16 model keeps
 float16 cells; f16, bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
-A step takes the dense path when its prompt chunks (items of more than one row) hold at least
-``PROMPT_MIN_ROWS`` rows in all (``batch.takes_prompt_path``): below that the block kernels are
-as fast (measured on AVX2). Such a step runs all its rows dense, the decode rows
-beside it too (ops/prompt_linear.py says why); every other step is blocks alone. Exact mode keeps
-prompt and decode rows on one arithmetic (a recompute replay must give the bits the first pass
-gave).
+Under an explicit dense prompt path a step takes the dense GEMM when its prompt chunks (items of
+more than one row) hold at least ``PROMPT_MIN_ROWS`` rows in all (``batch.takes_prompt_path``).
+Such a step runs all its rows dense, the decode rows beside it too (ops/prompt_linear.py says
+why). Exact mode keeps prompt and decode rows on one arithmetic (a recompute replay must give
+the bits the first pass gave).
 """
 
 from __future__ import annotations
@@ -110,14 +112,13 @@ def choose(
     booleans). A model with no block matrices (a Hugging Face checkpoint, other quant types) loads
     dense whatever ``blocks`` says. Raises ValueError for a combination that cannot run."""
     isa = str(features.get("isa", "plain"))
-    native_bf16 = isa == "avx512" and bool(features.get("avx512_bf16"))
     if dtype == "auto":
         # bf16 decode fails the greedy rule (its tokens part from float32's within 32 on the
         # parity prompts, on every CPU tried): float32 activations everywhere
         dtype = "float32"
     if weights == "auto":
-        # the plain Rust kernels are ~10x slower than MKL's dense GEMM at one row
-        blocks = dtype == "float32" and isa != "plain"
+        # the one CPU stack multiplies blocks on every ISA (plain Rust without AVX2)
+        blocks = dtype == "float32"
     elif weights == "blocks":
         if dtype != "float32":
             raise ValueError(f"--weights blocks runs on the CPU in float32, not {dtype}")
@@ -142,13 +143,10 @@ def choose(
         # dense weights already are the dense path; exact mode keeps one arithmetic
         prompt = None
     elif prompt_path == "auto":
-        # int8 blocks keep prompts on the blocks too: llama.cpp's arithmetic for every row (a
-        # float32 prompt under int8 decode rows parts from llama.cpp's logprobs by up to 0.7
-        # nats, tests/model/test_llamacpp_greedy.py), as fast as the float32 GEMM on AVX2 here
-        if block_dot == "int8":
-            prompt = None
-        else:
-            prompt = "bfloat16" if native_bf16 else "float32"
+        # prompts on the blocks too: one arithmetic for every row (a float32 prompt under int8
+        # decode rows parts from llama.cpp's logprobs by up to 0.7 nats,
+        # tests/model/test_llamacpp_greedy.py), and the Rust decoder runs the whole step
+        prompt = None
     else:
         prompt = prompt_path
     if kv_dtype not in KV_DTYPE_NAMES:

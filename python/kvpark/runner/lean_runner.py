@@ -1,31 +1,25 @@
-"""The CPU runner without torch (``--runner lean``; what ``auto`` picks on a CPU where it can).
+"""The CPU's one execution stack (``--runner lean``; what ``auto`` picks on a CPU where it can).
 
-On a CPU with the default arithmetic every step of the native runner (native_runner.py) runs in
-the Rust decoder: torch only loaded the weights, held the pool and sampled. Its import alone
-leaves ~360 MiB resident in the server (operator tables, Python modules, the CUDA build's
-libraries), more than the default model and its KV pool together. ``LeanCpuRunner`` is the same
-decoder over the same bits, built from numpy: the weights read from the GGUF by
-model/numpy_weights.py, the pool in numpy (numpy_pool.py), the sampler in numpy
-(sampling/sampler.py). Its logits are bitwise the native runner's
-(tests/runner/test_lean_runner.py).
+Every step runs in the Rust decoder (``_core._CpuDecoder``, rust/cpu_ops/src/decoder) over numpy:
+the weights read from the model file by model/numpy_weights.py, the pool in numpy
+(numpy_pool.py), the sampler in numpy (sampling/sampler.py). torch is never imported: its
+import alone leaves ~360 MiB resident (operator tables, Python modules, the CUDA build's
+libraries), more than the default model and its KV pool together, and a CPU install carries no
+torch at all (the ``gpu`` extra brings it).
 
-It runs what the decoder runs, every step of it: a GGUF whose matrices are all Q4_0, Q4_1 or
-Q8_0 blocks, on a CPU with AVX2, where the CPU paths (cpu_paths.py) put prompt chunks on the
-blocks too (the default; a dense prompt GEMM is torch's). Anything else goes to the torch
-runners, which ``why_not_lean`` names the reason for.
+It runs what the decoder runs, every step of it, on every ISA (plain Rust without AVX2): a GGUF
+whose matrices the decoder multiplies (model/numpy_weights.py, ``Unfit`` names the first one it
+cannot). Anything else goes to the torch runner, which ``why_not_lean`` names the reason for.
 
-``/v1/embeddings`` needs the torch model's float32 forward (runner/embedding.py): the first
-embedding request loads it, torch included, beside this runner (``embed``), and memory grows by
-torch and a second copy of the weights from then on.
+``/v1/embeddings`` (``embed``) runs the same decoder over a temporary pool of its own, with
+float32 activations against the blocks: the pool's cells are never touched.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -59,7 +53,7 @@ def why_not_lean(config: ModelConfig) -> str | None:
     if not paths.blocks:
         return "its weights are dense (--weights dense, --dtype, or a CPU without AVX2)"
     if paths.prompt_dtype is not None:
-        return f"prompt chunks take a dense {paths.prompt_dtype} GEMM (--prompt-path, --block-dot)"
+        return f"prompt chunks take a dense {paths.prompt_dtype} GEMM (--prompt-path)"
     return None
 
 
@@ -92,11 +86,10 @@ class LeanCpuRunner:
             self.page_size,
             self.cpu_paths.kv_dtype,
         )
-        self._inputs = DecoderInputs()
-        self.decoder = self._build_decoder()
-        self._embedder: Any = None  # the torch runner embed() loads on first use
-        self._embedder_lock = threading.Lock()
-        log.info("runner: lean (the native decoder, no torch)")
+        self.decoder, self._inputs = self._build_decoder(
+            self.pool, self.cpu_paths.block_dot == "int8"
+        )
+        log.info("runner: lean (the Rust decoder, no torch)")
 
     @classmethod
     def load(cls, config: EngineConfig) -> LeanCpuRunner:
@@ -116,7 +109,11 @@ class LeanCpuRunner:
         )
         return runner
 
-    def _build_decoder(self) -> _core._CpuDecoder:
+    def _build_decoder(
+        self, pool: NumpyKVPool, int8: bool
+    ) -> tuple[_core._CpuDecoder, DecoderInputs]:
+        """A decoder over the weights and ``pool``'s cells (``int8``: the block dot), and the
+        inputs that keep alive every array whose address it holds: keep both together."""
         w, arch = self.weights, self.weights.arch
         layers = [
             DecoderLayer(
@@ -133,20 +130,14 @@ class LeanCpuRunner:
                 q_norm=layer.vectors.get("q_norm"),
                 k_norm=layer.vectors.get("k_norm"),
             )
-            for layer, k, v in zip(w.layers, self.pool.k, self.pool.v, strict=True)
+            for layer, k, v in zip(w.layers, pool.k, pool.v, strict=True)
         ]
         rope = rope_angles(arch.inv_freq(w.rope_freqs), arch.max_position)
-        return build_decoder(
-            arch,
-            layers,
-            w.embed,
-            w.norm,
-            w.head,
-            rope,
-            self.pool.dtype,
-            self.cpu_paths.block_dot == "int8",
-            self._inputs,
+        inputs = DecoderInputs()
+        decoder = build_decoder(
+            arch, layers, w.embed, w.norm, w.head, rope, pool.dtype, int8, inputs
         )
+        return decoder, inputs
 
     # ----------------------------------------------------------------- what the engine reads
     @property
@@ -198,17 +189,35 @@ class LeanCpuRunner:
         self.pool.restore_cells(src, cells, first)
 
     # ----------------------------------------------------------------- /v1/embeddings
-    def embed(self, token_ids: list[int]) -> Any:
-        """The torch runner's embedding (runner/embedding.py): float32 activations against the
-        same blocks, over a temporary cache of its own. Its model loads on the first call."""
-        with self._embedder_lock:
-            if self._embedder is None:
-                from kvpark.runner.torch_runner import TorchRunner  # torch: only from here on
-
-                log.info("/v1/embeddings: loading the torch model beside the lean runner")
-                one_page = PoolConfig(kv_cells=self.page_size, page_size=self.page_size)
-                self._embedder = TorchRunner(self.model_config, one_page)
-        return self._embedder.embed(token_ids)
+    def embed(self, token_ids: list[int]) -> npt.NDArray[np.float32]:
+        """The prompt's final-norm hidden states, mean-pooled and L2-normalised: float32
+        ``[hidden]``. The decoder runs over a float32 pool of its own (dropped on return), so no
+        cell of the engine's pool is read or written, with float32 activations against the
+        blocks even under ``--block-dot int8``: an embedding is a vector a client compares, not a
+        next token, and int8 activations would move it by ~3e-3 against the exact weights'.
+        The engine calls it between steps, on its own thread."""
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("an embedding needs at least one token")
+        pages = -(-n // self.page_size)
+        pool = NumpyKVPool(self.weights.arch, pages, self.page_size, "float32")
+        decoder, _inputs = self._build_decoder(pool, int8=False)  # _inputs: alive with it
+        hidden = np.empty((n, self.weights.arch.hidden_size), dtype=np.float32)
+        cells = list(range(n))  # the pool is this prompt's alone: positions are cells
+        decoder.hidden(
+            token_ids,
+            cells,
+            cells,
+            [n],
+            [list(range(pages))],
+            self.page_size,
+            cells,
+            int(hidden.ctypes.data),
+        )
+        # float32 whatever the pool's type: the mean of n rows is one more sum to keep accurate
+        pooled = hidden.mean(axis=0, dtype=np.float32)
+        norm = float(np.linalg.norm(pooled))
+        return pooled / np.float32(max(norm, 1e-12))
 
 
 def try_lean(config: EngineConfig) -> tuple[LeanCpuRunner | None, str | None]:

@@ -14,9 +14,9 @@ reads. One optional member, not checked at start: ``embed(token_ids: list[int])`
 float32 embedding ``[hidden]``, a numpy array or a torch tensor, computed without touching the
 pool's cells), which
 ``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers 501). The built-in
-runners are ``kvpark.runner.torch_runner.TorchRunner`` and, on the CPU,
-``kvpark.runner.native_runner.NativeCpuRunner`` and the torch-free
-``kvpark.runner.lean_runner.LeanCpuRunner``.
+runners are the CPU's one stack, ``kvpark.runner.lean_runner.LeanCpuRunner`` (the Rust decoder
+over numpy weights and pool, no torch), and ``kvpark.runner.torch_runner.TorchRunner`` (CUDA, and
+on the CPU the reference and what the decoder cannot run; it needs the ``gpu`` extra).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def load_runner_factory(spec: str) -> RunnerFactory:
 def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = None) -> Runner:
     """The runner the engine will drive: ``given`` itself when it is a runner, ``given(config)``
     when it is a factory, else the factory ``config.model.runner`` names, else a built-in one
-    (``auto``, ``lean``, ``native``, ``torch``). Checked by :func:`check_runner`."""
+    (``auto``, ``lean``, ``torch``). Checked by :func:`check_runner`."""
     runner: object
     if given is not None and not isinstance(given, type) and isinstance(given, Runner):
         runner = given  # a runner may be callable too (a torch Module): its members decide
@@ -165,15 +165,17 @@ def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = No
     return checked
 
 
-BUILT_IN_RUNNERS = (None, "auto", "lean", "native", "torch")
+BUILT_IN_RUNNERS = (None, "auto", "lean", "torch")
+# what a user without torch installs to get the torch runner
+GPU_EXTRA = "pip install 'kvpark[gpu]'"
 
 
 def _built_in(config: EngineConfig) -> Runner:
-    """``--runner auto``: on the CPU the lean runner (the native decoder without torch) where it
-    can run the model, else the native runner (the decoder over the torch model, which runs a
-    model it cannot take through torch); elsewhere the torch runner. ``lean`` and ``native``
-    insist on theirs."""
+    """``--runner auto``: on the CPU the lean runner where the Rust decoder can run the model;
+    elsewhere (a GPU, or weights the decoder does not take) the torch runner. ``lean`` and
+    ``torch`` insist on theirs."""
     name = config.model.runner or "auto"
+    why: str | None = None
     if name in ("auto", "lean"):
         from kvpark.runner.lean_runner import try_lean  # numpy and the Rust core: no torch
 
@@ -182,14 +184,24 @@ def _built_in(config: EngineConfig) -> Runner:
             return lean
         if name == "lean":
             raise ValueError(f"--runner lean cannot run this model: {why}")
-        log.info("runner: not lean (%s)", why)
-    # torch: imported only when a torch runner is the one
-    from kvpark.runner.native_runner import NativeCpuRunner
-    from kvpark.runner.torch_runner import TorchRunner, resolve_device
+        log.info("runner: torch (the lean runner cannot run this model: %s)", why)
+    try:
+        from kvpark.runner.torch_runner import TorchRunner  # torch: only when it is the one
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("torch", "triton"):
+            raise
+        raise ValueError(torch_missing(name, why)) from None
+    return TorchRunner(config.model, config.pool)
 
-    if name == "torch" or (name == "auto" and resolve_device(config.model.device).type != "cpu"):
-        return TorchRunner(config.model, config.pool)
-    return NativeCpuRunner(config.model, config.pool, required=name == "native")
+
+def torch_missing(runner: str, why_not_lean: str | None) -> str:
+    """What a user without torch is told when the torch runner is the one asked for or needed."""
+    if runner == "torch":
+        return f"--runner torch needs torch, which is not installed: {GPU_EXTRA}"
+    return (
+        f"this model needs the torch runner (the lean runner cannot run it: {why_not_lean}), "
+        f"and torch is not installed: {GPU_EXTRA}"
+    )
 
 
 def check_runner(runner: object, config: EngineConfig) -> Runner:
