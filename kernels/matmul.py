@@ -15,10 +15,10 @@ Why the bits of row m never depend on M or on where the row sits: the tile sizes
 (not autotuned, not picked from M), there is no split-K (each output element is reduced by one
 program, in one K order), and each row of a ``tl.dot`` tile is reduced independently of the
 others. A library GEMM picks its kernel and split from the shapes, so a decode row and the same
-row inside a prompt can differ in the last bits (feasibility §3); this kernel cannot.
+row inside a prompt can differ in the last bits; this kernel cannot.
 
-Loads are upcast to fp32 before ``tl.dot``: the interpreter multiplies bf16 bit patterns otherwise
-(feasibility §4). On a GPU, half inputs are exact in tf32, so "tf32" loses nothing for them; fp32
+Loads are upcast to fp32 before ``tl.dot``: the interpreter multiplies bf16 bit patterns otherwise.
+On a GPU, half inputs are exact in tf32, so "tf32" loses nothing for them; fp32
 inputs use "ieee" so exact mode in fp32 is not silently TF32.
 
 Under the interpreter ``tl.dot`` is numpy's matmul, i.e. OpenBLAS, whose sgemm reduces some rows of

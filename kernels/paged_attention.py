@@ -14,7 +14,7 @@ grid (T, kv_heads): one program = one query row x the `group` query heads of one
         online softmax update (running max m, sum l, fp32 accumulator)
     out = acc / l
 ```
-Why this shape gives batch invariance (exact mode, SPEC §6): a program reads nothing but its row's
+Why this shape gives batch invariance (exact mode, docs/exact.md): a program reads nothing but its row's
 q and its sequence's cells, and its loop (number of chunks, their boundaries, every reduction's
 shape) depends only on the row's position. So a row gets the same bits alone or in any batch, as a
 decode row or inside a prompt, in one prompt chunk or in two. There is no split-K combine and no
@@ -24,7 +24,7 @@ exp(0) = 1 and p is 0.
 
 The price: a prompt of n rows reads its cells n times (from L2 on a GPU) and a GQA group is
 padded to at least 16 query heads for ``tl.dot``. Loads are upcast to fp32 before ``tl.dot``: the
-interpreter multiplies bf16 bit patterns otherwise (feasibility §4), and half types are exact in
+interpreter multiplies bf16 bit patterns otherwise, and half types are exact in
 tf32, so the products lose nothing on a GPU either.
 """
 

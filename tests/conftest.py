@@ -1,6 +1,6 @@
 """Fixtures every test may use; nothing here loads a model.
 
-On these 2-core machines two torch threads stall on a shared core (feasibility §3.6): one thread.
+On these 2-core machines two torch threads stall on a shared core: one thread.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 # Triton reads TRITON_INTERPRET when @triton.jit decorates a kernel, i.e. when a test module first
 # imports kvpark.kernels, so it is set here, before collection. Only without an NVIDIA GPU (no
-# driver device node): there the kernels run on CPU tensors in Triton's interpreter (feasibility
-# §4); a GPU machine runs them for real. An explicit TRITON_INTERPRET wins either way.
+# driver device node): there the kernels run on CPU tensors in Triton's interpreter; a GPU
+# machine runs them for real. An explicit TRITON_INTERPRET wins either way.
 if not Path("/dev/nvidiactl").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -4,7 +4,7 @@ exact mode needs from them, and the "triton" op set driving the real model.
 Without an NVIDIA GPU, conftest.py sets TRITON_INTERPRET=1 and every kernel runs on CPU tensors in
 Triton's interpreter, one numpy call per op per program: shapes stay tiny (tens of programs, a few
 loop steps). The interpreter checks indexing, masking and the structure of each reduction, not a
-GPU's bits (feasibility §4); the tests marked ``gpu`` add real sizes where CUDA is present. Bits are
+GPU's bits; the tests marked ``gpu`` add real sizes where CUDA is present. Bits are
 compared inside one process ("alone" against "in a batch"), never against stored values.
 """
 
@@ -27,7 +27,7 @@ from support.tiny_model import DEVICE, INTERPRET, tiny_model
 needs_cuda = pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA (not the interpreter)")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (atol, rtol) against an fp32/fp64 reference: bf16 gets 2 ulps, as the interpreter truncates
-# fp32 -> bf16 instead of rounding (feasibility §4), and a norm rounds twice.
+# fp32 -> bf16 instead of rounding, and a norm rounds twice.
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2**-10), torch.bfloat16: (2e-2, 2**-6)}
 
 

@@ -71,7 +71,7 @@ class Runner(Protocol):
     @property
     def row_invariant(self) -> bool:
         """True only if a row's logits are bit-identical whatever other rows share its step and
-        however its prompt was chunked (SPEC §6). Exact mode refuses a runner that says False;
+        however its prompt was chunked (docs/exact.md). Exact mode refuses a runner that says False;
         ``/props.exact`` reports this value."""
         ...
 
