@@ -14,7 +14,7 @@ grid (T, kv_heads): one program = one query row x the `group` query heads of one
         online softmax update (running max m, sum l, fp32 accumulator)
     out = acc / l
 ```
-Why this shape gives batch invariance (exact mode, docs/exact.md): a program reads nothing but its row's
+Why this shape gives batch invariance (exact mode): a program reads nothing but its row's
 q and its sequence's cells, and its loop (number of chunks, their boundaries, every reduction's
 shape) depends only on the row's position. So a row gets the same bits alone or in any batch, as a
 decode row or inside a prompt, in one prompt chunk or in two. There is no split-K combine and no
