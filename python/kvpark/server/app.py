@@ -1,20 +1,19 @@
 """HTTP routes: OpenAI completions and chat, tokenizer utilities, health, props, slots, metrics.
 
-The server never touches the pool or tensors: it parses, asks ``engine.check_request`` about every
-prompt of a request before generating any (so a refusal is a plain 4xx before anything streams or
-parks), then relays the engine's events. A client that goes away cancels its work, which aborts its
-engine requests.
+The server never touches the pool or tensors. Every generating route (chat, completions, Responses,
+Messages) runs through :mod:`pipeline`: it parses, asks ``engine.check_request`` about every prompt
+of a request off the event loop before generating any (so a refusal is a plain 4xx before anything
+streams or parks), then relays the engine's events. A client that goes away cancels its work, which
+aborts its engine requests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -22,11 +21,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kvpark.config.layers import ServerConfig
-from kvpark.engine.llm_engine import RequestRejected
 from kvpark.server.auth import APIKeyMiddleware
-from kvpark.server.body import Fields, read_json
-from kvpark.server.disconnect import unless_disconnected
-from kvpark.server.echo import EchoBuilder
+from kvpark.server.body import read_json
 from kvpark.server.embeddings import create_embeddings
 from kvpark.server.errors import (
     APIError,
@@ -35,15 +31,12 @@ from kvpark.server.errors import (
     internal_error_response,
     log,
 )
-from kvpark.server.fanout import FanIn
 from kvpark.server.messages_api import METHODS as MESSAGES_METHODS
 from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
-from kvpark.server.protocol import Kind, parse_chat, parse_completion
-from kvpark.server.relay import collect, stream_frames
-from kvpark.server.responses import ResponseBuilder
+from kvpark.server.openai_api import CHAT, COMPLETIONS
+from kvpark.server.pipeline import generate
 from kvpark.server.responses_api import create_response
-from kvpark.server.sse import SSEResponse
 from kvpark.server.tokenize_api import detokenize, tokenize
 
 if TYPE_CHECKING:
@@ -76,7 +69,7 @@ class Routes:
         return self.config.served_model_name or self.engine.model_name
 
     def model_aliases(self) -> frozenset[str]:
-        """Every name a request may give for the one served model (SPEC §6b)."""
+        """Every name a request may give for the one served model."""
         return frozenset({self.model_name, self.engine.model_name, DEFAULT_MODEL_ALIAS})
 
     def check_model(self, model: str | None) -> None:
@@ -96,55 +89,16 @@ class Routes:
     # -- generation -----------------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, "chat")
+        return await generate(self, request, CHAT)
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, "completion")
+        return await generate(self, request, COMPLETIONS)
 
     async def responses(self, request: Request) -> Response:
         return await create_response(self, request)
 
     async def messages(self, request: Request) -> Response:  # Anthropic's errors, all methods
         return await create_message(self, request)
-
-    async def _generate(self, request: Request, kind: Kind) -> Response:
-        engine = self.ready_engine()
-        body = await read_json(request, self.config.max_body_bytes)
-        self.check_model(Fields(body).string("model"))
-        parse = parse_chat if kind == "chat" else parse_completion
-        # Templates and tokenizing a long prompt take a while: off the event loop.
-        req = await run_in_threadpool(parse, body, engine.tokenizer, engine.max_model_len)
-        # Validation only: whether the wait queue has room is decided on the engine thread as the
-        # prompts are added (a full queue's 503 is then their first event, still a plain answer).
-        for prompt, params in zip(req.prompts, req.params, strict=True):
-            try:
-                await run_in_threadpool(engine.check_request, prompt, params)  # compiles grammars
-            except RequestRejected as exc:
-                raise APIError(exc.code, exc.message, exc.kind, exc.param) from None
-        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        response = ResponseBuilder(
-            kind,
-            request_id,
-            self.model_name,
-            len(req.prompts),
-            req.n,
-            engine.tokenizer,
-            logprobs=req.params[0].logprobs is not None,
-            include_usage=req.include_usage,
-            with_preempt=self.preempt_enabled(),
-            tools=req.tools,
-        )
-        builder = response if req.echo is None else EchoBuilder(response, req.echo)
-        fan_in = FanIn(engine.generate, req.prompts, req.params, request_id, RequestRejected)
-        if req.stream:
-            # An ASGI app like any Response, with its own disconnect handling.
-            frames = stream_frames(
-                engine, fan_in, builder, self.config.sse_ping_interval, len(req.prompts) > 1
-            )
-            return SSEResponse(frames)  # type: ignore[return-value]
-        if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(builder.response())
 
     async def embeddings(self, request: Request) -> Response:
         engine = self.ready_engine()

@@ -2,34 +2,29 @@
 
 The body is validated as :class:`MessagesBody` (an unknown or bad field is a 400 naming it),
 translated into a chat-completions body and parsed by the chat parser, so the prompt, tools and
-sampling are exactly ``/v1/chat/completions``'s. Every prompt is checked by the engine before
-anything streams. Events come back in Anthropic's shapes (:class:`MessageBuilder`); park notices,
-pings and ``: queued N`` ride the stream as SSE comments, as on every streaming route. Every error
+sampling are exactly ``/v1/chat/completions``'s, and it runs through :mod:`pipeline` like them:
+every prompt is checked by the engine, off the event loop, before anything streams. Events come
+back in Anthropic's shapes (:class:`MessageBuilder`); park notices, pings and ``: queued N`` ride
+the stream as SSE comments, as on every streaming route. Every error
 on this route, 401 included (:mod:`kvpark.server.auth`), is in Anthropic's shape.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from kvpark.engine.llm_engine import RequestRejected
-from kvpark.server.body import read_json
-from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError, log
-from kvpark.server.fanout import FanIn
 from kvpark.server.messages_api_body import MessagesBody
 from kvpark.server.messages_api_chat import chat_body
 from kvpark.server.messages_api_errors import ANTHROPIC, anthropic_error_response
 from kvpark.server.messages_api_events import MessageBuilder
-from kvpark.server.protocol import parse_chat
-from kvpark.server.relay import collect, stream_frames
+from kvpark.server.pipeline import Answering, GenerationRoute, generate
+from kvpark.server.protocol import GenerationRequest, TokenizerLike, parse_chat
 from kvpark.server.schema import parse_body
-from kvpark.server.sse import SSEResponse
+from kvpark.server.sse import Framing
 
 if TYPE_CHECKING:
     from kvpark.server.app import Routes
@@ -49,7 +44,7 @@ async def create_message(routes: Routes, request: Request) -> Response:
     try:
         if request.method != "POST":
             raise APIError(405, f"method {request.method} not allowed on {request.url.path}")
-        return await _create(routes, request)
+        return await generate(routes, request, MESSAGES)
     except APIError as error:
         return anthropic_error_response(error)
     except Exception as exc:  # a bug: logged, answered, and the server keeps serving
@@ -58,40 +53,32 @@ async def create_message(routes: Routes, request: Request) -> Response:
         return anthropic_error_response(failure)
 
 
-async def _create(routes: Routes, request: Request) -> Response:
-    engine = routes.ready_engine()
-    body = parse_body(MessagesBody, await read_json(request, routes.config.max_body_bytes))
-    routes.check_model(body.model)
-    try:
-        # Templates and tokenizing a long prompt take a while: off the event loop.
-        req = await run_in_threadpool(
-            parse_chat, chat_body(body), engine.tokenizer, engine.max_model_len
-        )
-    except APIError as error:
-        raise _renamed(error) from None
-    for prompt, params in zip(req.prompts, req.params, strict=True):
-        try:
-            await run_in_threadpool(engine.check_request, prompt, params)  # compiles grammars
-        except RequestRejected as exc:
-            raise _renamed(APIError(exc.code, exc.message, exc.kind, exc.param)) from None
-    message_id = f"msg_{uuid.uuid4().hex}"
-    builder = MessageBuilder(
-        message_id,
-        routes.model_name,
+def _body(raw: dict[str, object]) -> MessagesBody:
+    return parse_body(MessagesBody, raw)
+
+
+def _model(body: MessagesBody) -> str | None:
+    return body.model
+
+
+def _parse(body: MessagesBody, tokenizer: TokenizerLike, max_model_len: int) -> GenerationRequest:
+    return parse_chat(chat_body(body), tokenizer, max_model_len)
+
+
+def _builder(body: MessagesBody, req: GenerationRequest, answering: Answering) -> MessageBuilder:
+    return MessageBuilder(
+        answering.request_id,
+        answering.model_name,
         len(req.prompts[0]),
         req.params[0].stop,
-        engine.tokenizer,
+        answering.tokenizer,
         req.tools,
-        with_preempt=routes.preempt_enabled(),
+        with_preempt=answering.with_preempt,
     )
-    fan_in = FanIn(engine.generate, req.prompts, req.params, message_id, RequestRejected)
-    if body.stream:
-        interval = routes.config.sse_ping_interval
-        frames = stream_frames(engine, fan_in, builder, interval, False, ANTHROPIC)
-        return SSEResponse(frames, ANTHROPIC)  # type: ignore[return-value]
-    if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(builder.response())
+
+
+def _framing(builder: MessageBuilder) -> Framing:
+    return ANTHROPIC
 
 
 def _renamed(error: APIError) -> APIError:
@@ -99,3 +86,14 @@ def _renamed(error: APIError) -> APIError:
     if name is None:
         return error
     return APIError(error.status, f"{name}: {error.message}", error.kind, name)
+
+
+MESSAGES: GenerationRoute[MessagesBody, MessageBuilder] = GenerationRoute(
+    id_prefix="msg_",
+    body=_body,
+    model=_model,
+    parse=_parse,
+    builder=_builder,
+    framing=_framing,
+    renamed=_renamed,
+)

@@ -2,30 +2,23 @@
 
 The body is validated (:mod:`responses_api_body`), translated into a chat-completions body and
 parsed by ``parse_chat`` like a chat request, so templates, tools, grammars and sampling are the
-chat route's. The engine runs it as ``Routes._generate`` runs a chat request (every prompt checked
-before anything streams, a :class:`FanIn` whose exit aborts the work of a client that went away);
-:mod:`responses_api_events` renders the Responses objects and events. A stream is typed SSE
-(``event: <type>`` + ``data:``) without ``[DONE]``; the park notices, pings and ``: queued N``
-comments ride it exactly as they ride a chat stream. Errors are OpenAI-shaped, in-stream as an
-``error`` event.
+chat route's. It runs through :mod:`pipeline` as a chat request does (every prompt checked off the
+event loop before anything streams, a :class:`FanIn` whose exit aborts the work of a client that
+went away); :mod:`responses_api_events` renders the Responses objects and events. A stream is
+typed SSE (``event: <type>`` + ``data:``) without ``[DONE]``; the park notices, pings and
+``: queued N`` comments ride it exactly as they ride a chat stream. Errors are OpenAI-shaped,
+in-stream as an ``error`` event.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from kvpark.engine.llm_engine import RequestRejected
-from kvpark.server.body import read_json
-from kvpark.server.disconnect import unless_disconnected
-from kvpark.server.errors import APIError
-from kvpark.server.fanout import FanIn
-from kvpark.server.protocol import GenerationRequest, parse_chat
-from kvpark.server.relay import collect, stream_frames
+from kvpark.server.pipeline import Answering, GenerationRoute, generate
+from kvpark.server.protocol import GenerationRequest, TokenizerLike, parse_chat
 from kvpark.server.responses import JSON
 from kvpark.server.responses_api_body import (
     ResponsesBody,
@@ -34,52 +27,57 @@ from kvpark.server.responses_api_body import (
     to_chat,
 )
 from kvpark.server.responses_api_events import ResponsesBuilder
-from kvpark.server.sse import Framing, SSEResponse, typed_frame
-from kvpark.server.tools import ToolPlan
+from kvpark.server.sse import Framing, typed_frame
 
 if TYPE_CHECKING:
     from kvpark.server.app import Routes
 
 
 async def create_response(routes: Routes, request: Request) -> Response:
-    engine = routes.ready_engine()
-    body = parse_responses_body(await read_json(request, routes.config.max_body_bytes))
-    routes.check_model(body.model)
-    try:
-        # Templates and tokenizing a long prompt take a while: off the event loop.
-        req = await run_in_threadpool(
-            parse_chat, to_chat(body), engine.tokenizer, engine.max_model_len
-        )
-        for prompt, params in zip(req.prompts, req.params, strict=True):
-            try:
-                engine.check_request(prompt, params)
-            except RequestRejected as exc:
-                raise APIError(exc.code, exc.message, exc.kind, exc.param) from None
-    except APIError as error:
-        raise chat_error(error) from None
-    response_id = f"resp_{uuid.uuid4().hex}"
-    plan: ToolPlan | None = getattr(req, "tools", None)  # the chat parser's tool plan, if any
-    builder = ResponsesBuilder(
-        response_id,
-        routes.model_name,
+    return await generate(routes, request, RESPONSES)
+
+
+def _model(body: ResponsesBody) -> str | None:
+    return body.model
+
+
+def _parse(body: ResponsesBody, tokenizer: TokenizerLike, max_model_len: int) -> GenerationRequest:
+    return parse_chat(to_chat(body), tokenizer, max_model_len)
+
+
+def _builder(body: ResponsesBody, req: GenerationRequest, answering: Answering) -> ResponsesBuilder:
+    return ResponsesBuilder(
+        answering.request_id,
+        answering.model_name,
         _echo(body, req),
-        None if plan is None else plan.parser(),
-        with_preempt=routes.preempt_enabled(),
+        None if req.tools is None else req.tools.parser(),
+        with_preempt=answering.with_preempt,
     )
-    fan_in = FanIn(engine.generate, req.prompts, req.params, response_id, RequestRejected)
-    if req.stream:
-        framing = Framing(
-            frame=typed_frame,
-            error=lambda error: typed_frame(builder.error_event(error)),
-            done=b"",
-        )
-        interval = routes.config.sse_ping_interval
-        frames = stream_frames(engine, fan_in, builder, interval, False, framing)
-        return SSEResponse(frames, framing)  # type: ignore[return-value]
-    if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
+
+
+def _framing(builder: ResponsesBuilder) -> Framing:
+    return Framing(
+        frame=typed_frame,
+        error=lambda error: typed_frame(builder.error_event(error)),
+        done=b"",
+    )
+
+
+def _answer(builder: ResponsesBuilder) -> JSON:
     builder.closing_chunks()  # closes the open items (and takes what the tool parser held)
-    return JSONResponse(builder.response())
+    return builder.response()
+
+
+RESPONSES: GenerationRoute[ResponsesBody, ResponsesBuilder] = GenerationRoute(
+    id_prefix="resp_",
+    body=parse_responses_body,
+    model=_model,
+    parse=_parse,
+    builder=_builder,
+    framing=_framing,
+    renamed=chat_error,
+    answer=_answer,
+)
 
 
 def _echo(body: ResponsesBody, req: GenerationRequest) -> JSON:
