@@ -6,7 +6,7 @@ median over the walk, for 1 and 8 matchers stepping together (8 chats: the 8 mas
 step, computed one after another on this thread, as the sampler does). Compile time (grammar
 construction) is reported apart: it is paid once per request, before the first token.
 
-    python bench/grammar_mask_cost.py [--repeat 3]
+    kvpark bench --scenario grammar-mask-cost [--repeat 3]
 
 xgrammar is in the ``bench`` extra only; kvpark itself uses llguidance (docs/structured-outputs.md).
 """

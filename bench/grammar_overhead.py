@@ -1,6 +1,6 @@
 """What a grammar costs inside the engine: the per-token mask against a decode step.
 
-    python bench/grammar_overhead.py [--chats 1,8] [--tokens 48]
+    kvpark bench --scenario grammar-overhead [--chats 1,8] [--tokens 48]
 
 For each number of chats it runs that many JSON-schema-constrained requests (greedy, the same
 schema, different prompts) on the default model, through prefill, and times every decode step: the

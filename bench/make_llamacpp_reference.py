@@ -1,7 +1,7 @@
 """llama.cpp's greedy tokens on kvpark's parity prompts, for tests/model/test_llamacpp_greedy.py.
 
-    python bench/build_llama_server.py                      # once: the llama-server binary
-    .venv/bin/python bench/make_llamacpp_reference.py       # -> tests/data/llamacpp_greedy.json
+    kvpark bench build-llama-server                       # once: the llama-server binary
+    kvpark bench --scenario llamacpp-reference            # -> tests/data/llamacpp_greedy.json
 
 For each parity prompt of tests/model/test_model_parity.py (a question in the model's chat
 template, tokenised by kvpark exactly as ``LLM.chat`` does), llama-server continues the same token
@@ -31,11 +31,12 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kvpark import _core
+from kvpark.bench.machine import cpu_name, default_model
+from kvpark.bench.peers import default_llama_server, llama_server_version
+from kvpark.bench.servers import managed_server
 from kvpark.model.gguf_loader import GgufFile
 from kvpark.tokenizer.tokenizer import Tokenizer
-from peer_llamacpp import default_llama_server, llama_server_version, managed_server
-from run_cpu_comparison import cpu_flags, cpu_name, default_model
 
 # the parity prompts of tests/model/test_model_parity.py and tests/runner/test_cpu_paths.py
 QUESTIONS = [
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.llama_server.is_file():
         print(f"llama-server is not built at {args.llama_server}: run "
-              "`python bench/build_llama_server.py` (or give --llama-server PATH)")  # fmt: skip
+              "`kvpark bench build-llama-server` (or give --llama-server PATH)")  # fmt: skip
         return 2
     model = args.model or default_model()
     tokenizer = Tokenizer.from_gguf_metadata(GgufFile(model).metadata)
@@ -138,15 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "about": "llama.cpp's greedy tokens on kvpark's parity prompts "
         "(tests/model/test_llamacpp_greedy.py)",
-        "made_with": "llama-server, built by bench/build_llama_server.py: the same llama.cpp code "
+        "made_with": "llama-server, built by kvpark bench build-llama-server: the same llama.cpp "
+        "code "
         "as llama-cpp-python (the issue's suggestion), which was not built when this was made",
-        "remake": "python bench/build_llama_server.py && "
-        ".venv/bin/python bench/make_llamacpp_reference.py",
+        "remake": "kvpark bench build-llama-server && kvpark bench --scenario llamacpp-reference",
         "created": time.strftime("%Y-%m-%d"),
         "llama_cpp": llama_cpp_summary(llama_server_version(str(args.llama_server))),
         "gguf": {"file": Path(model).name, "sha256": sha256(model)},
         "cpu": cpu_name(),
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": _core._cpu_features()[0],
         "server_command": [Path(cmd[0]).name, "-m", Path(model).name, *cmd[3:]],
         "request": {k: v for k, v in completion_body([]).items() if k != "prompt"},
         "prompts": prompts,

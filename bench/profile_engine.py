@@ -1,6 +1,6 @@
 """Where a kvpark decode step spends its time, on an in-process engine (no HTTP).
 
-    .venv/bin/python bench/profile_engine.py --batch 1,8,16 --threads 2 [--exact]
+    kvpark bench --scenario profile --batch 1,8,16 --threads 2 [--exact]
 
 For each batch size it starts that many requests (seeded prompts of ~64 tokens), runs them through
 their prefill, then times ``--steps`` decode steps: the whole ``engine.step()``, the part inside

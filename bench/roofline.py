@@ -1,6 +1,6 @@
 """How far a CPU decode step is from its memory roofline: bytes a step reads / measured bandwidth.
 
-    .venv/bin/python bench/roofline.py --threads 2 --batch 1,8 --context 128 [--runner native]
+    kvpark bench --scenario roofline --threads 2 --batch 1,8 --context 128 [--runner native]
 
 A decode step reads every weight once (the layers' block matrices and the head) plus, per row,
 its sequence's K and V cells in every layer; at a few rows that is all it does, so the time to
@@ -22,14 +22,13 @@ from pathlib import Path
 
 import torch
 
+from kvpark import _core
+from kvpark.bench.machine import cpu_name
 from kvpark.config.layers import ModelConfig, PoolConfig
 from kvpark.model.ops import BlockWeight
 from kvpark.runner.native_runner import NativeCpuRunner
 from kvpark.runner.torch_runner import TorchRunner
 from kvpark.sched.plan import StepItem, StepPlan
-
-sys.path.insert(0, str(Path(__file__).parent))
-from run_cpu_comparison import cpu_flags, cpu_name
 
 PAGE = 16
 
@@ -105,7 +104,7 @@ def main() -> int:
     )
     weights = weight_bytes(runner)
     bw = bandwidth[args.threads]
-    print(f"CPU: {cpu_name()}; flags {cpu_flags()}")
+    print(f"CPU: {cpu_name()}; flags {_core._cpu_features()[0]}")
     print(
         "read bandwidth: "
         + ", ".join(f"{n} threads {b / 1e9:.1f} GB/s" for n, b in bandwidth.items())
@@ -123,7 +122,7 @@ def main() -> int:
         print(f"| {batch} | {read / 1e6:.1f} MB | {floor:.2f} ms | {measured:.2f} ms "
               f"({batch / measured * 1e3:.0f} tok/s) | {floor / measured:.0%} |")  # fmt: skip
     if args.json:
-        meta = {"cpu": cpu_name(), "flags": cpu_flags(), "bandwidth": bandwidth}
+        meta = {"cpu": cpu_name(), "flags": _core._cpu_features()[0], "bandwidth": bandwidth}
         meta |= {"runner": args.runner, "context": args.context, "rows": rows}
         args.json.write_text(json.dumps(meta, indent=2))
     return 0

@@ -219,7 +219,8 @@ def test_cli_sweep_against_fake_server_writes_outputs(tmp_path: Path) -> None:
 
 def test_cli_rejects_bad_flags() -> None:
     bad = (["--concurrency", "0"], ["--url", "ftp://x"], ["--label", "a", "--label", "b"])
-    for argv in (*bad, ["--scenario", "multiturn", "--turns", "0"]):
+    turns = ["--scenario", "multiturn", "--turns", "0"]  # the suite, then the load generator
+    for argv in (*bad, turns, [*turns, "--url", "http://127.0.0.1:9"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2

@@ -1,6 +1,7 @@
-"""The CPU comparison's own layers, on fakes: the peer's build cache, the peak-memory sampler on a
-fake ``/proc``, the servers' commands, the targets' verdicts, the docs table, and the reference
-maker's parsing of a ``/completion`` answer. Nothing here builds llama.cpp or starts a server.
+"""The CPU comparison's own layers, on fakes: the peer's build (flags, cache, the
+``kvpark bench build-llama-server`` command line), the peak-memory sampler on a fake ``/proc``,
+the servers' commands, the targets' verdicts, the docs table, and the reference maker's parsing
+of a ``/completion`` answer. Nothing here builds llama.cpp or starts a server.
 """
 
 from __future__ import annotations
@@ -10,19 +11,20 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import build_llama_server as build
-import cpu_targets as targets
-import make_llamacpp_reference as reference
-import peak_rss
-import run_cpu_comparison as comparison
+from kvpark.bench import cpu_targets as targets
+from kvpark.bench import llama_build as build
+from kvpark.bench import main, peak_rss
 from kvpark.bench.compare import compare
+from kvpark.bench.peers import llama_server_command
 from kvpark.bench.report import LevelSummary, RunResult
-from peer_llamacpp import llama_server_command
+from kvpark.bench.suites import cpu_comparison as comparison
+from kvpark.bench.suites.arguments import parse_peers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import make_llamacpp_reference as reference
 
 
 def test_the_llama_cpp_tag_is_the_packages_build_number() -> None:
@@ -34,6 +36,33 @@ def test_the_llama_cpp_tag_is_the_packages_build_number() -> None:
         assert flag in flags
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in flags  # it would download the UI from Hugging Face
     assert "-DLLAMA_BUILD_NUMBER=11434" in flags
+
+
+def test_the_peer_is_built_without_amx_on_x86_only() -> None:
+    x86 = build.cmake_flags("11434.0.0", "x86_64")
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    assert f"-DCMAKE_C_FLAGS={no_amx}" in x86 and f"-DCMAKE_CXX_FLAGS={no_amx}" in x86
+    arm = build.cmake_flags("11434.0.0", "aarch64")
+    assert not any("amx" in flag for flag in arm) and "-DGGML_NATIVE=ON" in arm
+
+
+def test_the_build_step_is_a_kvpark_bench_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build, "build", lambda *a: pytest.fail("a dry run builds nothing"))
+    argv = ["build-llama-server", "--dry-run", "--cache", str(tmp_path), "--version", "9.0.0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == str(tmp_path.resolve() / "9.0.0" / "llama-server")
+    assert out[0].startswith("cmake flags: ") and "-DLLAMA_BUILD_NUMBER=9" in out[0]
+    assert not (tmp_path / "9.0.0").exists()
+    with pytest.raises(SystemExit) as helped:
+        main(["build-llama-server", "--help"])
+    assert helped.value.code == 0 and "--jobs" in capsys.readouterr().out
+    for bad in (["--version", "dev.1"], ["--jobs", "0"]):
+        with pytest.raises(SystemExit) as refused:
+            main(["build-llama-server", "--dry-run", *bad])
+        assert refused.value.code == 2
 
 
 def test_the_source_dir_is_the_vendored_llama_cpp(tmp_path: Path) -> None:
@@ -55,7 +84,7 @@ def test_a_second_run_finds_the_binary_at_once(
     monkeypatch.setattr(build, "build", lambda *a: pytest.fail("must not build again"))
     assert build.cached_binary(out) is None  # no record yet: an interrupted build is not done
     (out / "llama-server.json").write_text("{}")
-    assert build.main(["--cache", str(tmp_path), "--version", "9.0.0"]) == 0
+    assert main(["build-llama-server", "--cache", str(tmp_path), "--version", "9.0.0"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == str(out / "llama-server")
 
 
@@ -105,11 +134,13 @@ def test_llama_server_gets_the_same_slots_cells_and_threads() -> None:
     assert cmd[0] == "/bin/llama-server" and "--port 8123" in joined
 
 
-def test_servers_are_picked_by_name_in_measuring_order() -> None:
-    assert comparison.parse_servers("kvpark, llama-server") == ["llama-server", "kvpark"]
-    for bad in ("vllm", ""):
+def test_peers_are_picked_by_name_in_measuring_order() -> None:
+    both = ["llama-server", "llama-cpp-python"]
+    assert parse_peers("llama-cpp-python, llama-server") == both
+    assert parse_peers("none") == []
+    for bad in ("vllm", "", "kvpark"):
         with pytest.raises(ValueError):
-            comparison.parse_servers(bad)
+            parse_peers(bad)
 
 
 def run_result(label: str, single: float, agg: list[float]) -> RunResult:
@@ -156,13 +187,13 @@ def test_the_docs_table_has_a_row_per_server_and_one_of_ratios() -> None:
 def test_a_missing_peer_exits_2_or_is_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args: Any = type("Args", (), {"llama_server": tmp_path / "none", "peer_python": "/no/python"})
-    assert comparison.available(args, ["llama-server", "kvpark"], asked=False) == 2
-    assert "build_llama_server.py" in capsys.readouterr().out
+    missing = (tmp_path / "none", "/no/python")
+    assert comparison.available(*missing, ["llama-server", "kvpark"], asked=False) == 2
+    assert "kvpark bench build-llama-server" in capsys.readouterr().out
     names = ["llama-cpp-python", "kvpark"]
-    assert comparison.available(args, names, asked=False) == ["kvpark"]
+    assert comparison.available(*missing, names, asked=False) == ["kvpark"]
     assert capsys.readouterr().out.startswith("skipping llama-cpp-python")
-    assert comparison.available(args, names, asked=True) == 2
+    assert comparison.available(*missing, names, asked=True) == 2
 
 
 def test_the_reference_reads_greedy_ids_and_the_two_best() -> None:

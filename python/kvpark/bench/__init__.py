@@ -1,11 +1,14 @@
-"""The load generator (``kvpark bench``, main.py): client, workloads, scenarios, reports, pressure.
-Imports nothing else of kvpark but config: it drives any OpenAI-compatible server over HTTP.
+"""``kvpark bench`` (main.py): the load generator (client, workloads, scenarios, reports, pressure)
+and the published benchmarks' suites (``suites/``), which start the servers they measure as
+subprocesses, with the llama.cpp peer's build (``llama_build.py``). Imports nothing else of kvpark
+but config: it drives any OpenAI-compatible server over HTTP.
 """
 
 from __future__ import annotations
 
 from kvpark.bench.client import Target
-from kvpark.bench.main import main, run
+from kvpark.bench.compare import run
+from kvpark.bench.main import main
 from kvpark.bench.report import RunResult
 from kvpark.bench.scenarios import BenchOptions
 

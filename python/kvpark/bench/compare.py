@@ -7,6 +7,7 @@ decode rates, and slower for latencies (TTFT, ITL).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import platform
@@ -103,6 +104,11 @@ async def run_targets(
         log(format_table([run]))
         runs.append(run)
     return runs
+
+
+def run(targets: list[Target], scenario: str, options: BenchOptions) -> list[RunResult]:
+    """Run ``scenario`` against every target, one after another (the library entry point)."""
+    return asyncio.run(run_targets(targets, scenario, options))
 
 
 def payload(

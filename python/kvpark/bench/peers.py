@@ -1,43 +1,30 @@
-"""Start the peer servers for comparisons, on a GGUF, on 127.0.0.1: llama.cpp's ``llama-server``
-(the baseline) and llama-cpp-python's OpenAI server (a second peer).
+"""The peers kvpark is measured against, on a GGUF, on 127.0.0.1: llama.cpp's ``llama-server``
+(the baseline) and llama-cpp-python's OpenAI server (a second peer): their command lines and
+versions. ``servers.managed_server`` starts them.
 
-    python bench/peer_llamacpp.py --model path/to/model.gguf --threads 2 --port 8101
-    python bench/peer_llamacpp.py --llama-server --model path/to/model.gguf --threads 2
-
-``llama-server`` is built once by ``bench/build_llama_server.py`` into a cache outside the
+``llama-server`` is built once by ``kvpark bench build-llama-server`` into a cache outside the
 repository (``default_llama_server()``); it batches every slot's tokens into one decode
-(continuous batching).
-llama-cpp-python lives in its own virtual environment (``/work/peer-venv`` by default; ``--python``
-to change it), installed with ``pip install 'llama-cpp-python[server]'`` (builds llama.cpp again).
+(continuous batching). llama-cpp-python lives in its own virtual environment (``/work/peer-venv``
+by default), installed with ``pip install 'llama-cpp-python[server]'`` (builds llama.cpp again).
 It serves one request at a time; ``interrupt_requests`` is turned off so that a new request waits
 for the running one instead of cutting it short (the default would truncate concurrent streams).
-
-``managed_server`` (used by ``run_cpu_comparison.py`` for kvpark as well) starts a command in its
-own process group, waits a bounded time for a URL to answer 200, and stops the group on exit.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+from kvpark.bench.llama_build import BINARY, DEFAULT_VERSION, default_cache
 
-from build_llama_server import BINARY, DEFAULT_VERSION, default_cache
-
+PEERS = ("llama-server", "llama-cpp-python")
 DEFAULT_PEER_PYTHON = "/work/peer-venv/bin/python"
 
 
 def default_llama_server() -> Path:
-    """Where ``bench/build_llama_server.py`` puts the binary by default (it may not exist yet)."""
+    """Where ``kvpark bench build-llama-server`` puts the binary by default (it may not exist
+    yet)."""
     return default_cache() / DEFAULT_VERSION / BINARY
 
 
@@ -67,8 +54,9 @@ def llama_server_command(
 
 
 def llama_server_version(binary: str) -> dict[str, object]:
-    """What is known of a llama-server binary: the build record ``build_llama_server.py`` wrote
-    next to it (llama.cpp's tag, cmake flags), and its own ``--version`` output."""
+    """What is known of a llama-server binary: the build record ``kvpark bench
+    build-llama-server`` wrote next to it (llama.cpp's tag, cmake flags), and its own
+    ``--version`` output."""
     info: dict[str, object] = {"binary": binary}
     record = Path(binary).with_name(f"{BINARY}.json")
     if record.is_file():
@@ -100,68 +88,3 @@ def peer_version(python: str = DEFAULT_PEER_PYTHON) -> str:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return out.stdout.strip()
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Poll ``url`` until it answers 200; raise if the process exits or ``timeout_s`` passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode} before answering {url}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2.0, trust_env=False).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g} s")
-
-
-@contextlib.contextmanager
-def managed_server(
-    cmd: list[str], ready_url: str, log_path: Path, timeout_s: float = 300.0
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` (output to ``log_path``) until the block ends; it must answer ``ready_url``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        wait_ready(ready_url, process, timeout_s)
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # its own group: the server and its children
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--model", required=True, help="GGUF file")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--port", type=int, default=8101)
-    p.add_argument("--n-ctx", type=int, default=4096)
-    p.add_argument("--python", default=DEFAULT_PEER_PYTHON, help="the peer venv's python")
-    p.add_argument(
-        "--llama-server", nargs="?", const=str(default_llama_server()), default=None,
-        metavar="PATH", help="start llama-server (default binary: build_llama_server.py's cache)",
-    )  # fmt: skip
-    p.add_argument("--parallel", type=int, default=16, help="llama-server's slots (-np)")
-    p.add_argument("--poll", type=int, default=0, help="llama-server's --poll (its default: 50)")
-    args = p.parse_args(argv)
-    if args.llama_server:
-        cmd = llama_server_command(
-            args.llama_server, args.model, args.threads, args.port, args.n_ctx, args.parallel,
-            args.poll,
-        )  # fmt: skip
-    else:
-        cmd = peer_command(args.model, args.threads, args.port, args.n_ctx, args.python)
-    print(" ".join(cmd), flush=True)
-    return subprocess.call(cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

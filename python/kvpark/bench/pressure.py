@@ -1,4 +1,4 @@
-"""The headline benchmark: N chats that each fit the pool alone but not together (SPEC §7).
+"""The headline benchmark: N chats that each fit the pool alone but not together.
 
 The ``pressure`` scenario (``kvpark bench --scenario pressure``, registered in ``scenarios.py``)
 sends, per level, N seeded chats at once to one server and records every request (see

@@ -11,7 +11,7 @@ add it to ``SCENARIOS``.
   ``options.turns`` turns, each turn the history (a system prompt shared by all, the earlier turns
   with the server's own answers) plus a new user message; TTFT and prompt tokens computed per
   turn (``multiturn.py``).
-- ``pressure``: the headline workload (SPEC §7): for each N in ``options.concurrency``, N chats sent
+- ``pressure``: the headline workload: for each N in ``options.concurrency``, N chats sent
   at once, meant for a server whose pool holds each of them alone but not all together; it adds
   context errors, parks by mode (from ``/metrics``) and the ``preempt`` records (``pressure.py``).
 
