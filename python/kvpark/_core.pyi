@@ -515,3 +515,17 @@ class _CpuDecoder:
     ) -> None:
         """Runs one step and writes the logits of ``logit_rows`` into the f32 buffer at
         ``logits`` ([len(logit_rows), vocab])."""
+    def hidden(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        item_rows: list[int],
+        page_tables: list[list[int]],
+        page_size: int,
+        rows: list[int],
+        out: int,
+    ) -> None:
+        """As ``step`` (the same K/V writes), but writes the hidden states of ``rows`` after
+        the model's final norm, the head's input, into the f32 buffer at ``out``
+        ([len(rows), hidden])."""

@@ -1,4 +1,5 @@
-//! `_CpuDecoder`: a whole CPU decode step in one call (kvpark_cpu_ops::decoder).
+//! `_CpuDecoder`: a whole CPU decode step in one call (kvpark_cpu_ops::decoder), ending in the
+//! logits of the rows asked for (`step`) or in their final-norm hidden states (`hidden`).
 //!
 //! Built once by kvpark.runner.native_runner from the addresses of the model's tensors and the
 //! KV pool's; that runner keeps every tensor alive and in place for the decoder's lifetime and
@@ -9,7 +10,7 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use kvpark_cpu_ops::decoder::{self, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
+use kvpark_cpu_ops::decoder::{self, Dot, KvCells, Layer, Model, Out, Shape, Step, Workspace};
 use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
 
 use super::errors::cpu_ops_err;
@@ -207,10 +208,61 @@ impl PyCpuDecoder {
         logit_rows: Vec<i64>,
         logits: usize,
     ) -> PyResult<()> {
+        let step = Step {
+            tokens: &tokens,
+            positions: &positions,
+            slots: &slots,
+            item_rows: &item_rows,
+            page_tables: &page_tables,
+            page_size,
+            out_rows: &logit_rows,
+        };
+        self.run(py, &step, logits, self.shape.vocab, Out::Logits)
+    }
+
+    /// As `step`, but writes the hidden states of `rows` after the model's final norm (the
+    /// head's input) into the f32 `[len(rows), hidden]` buffer at `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn hidden(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<i64>,
+        positions: Vec<i64>,
+        slots: Vec<i64>,
+        item_rows: Vec<usize>,
+        page_tables: Vec<Vec<i64>>,
+        page_size: usize,
+        rows: Vec<i64>,
+        out: usize,
+    ) -> PyResult<()> {
+        let step = Step {
+            tokens: &tokens,
+            positions: &positions,
+            slots: &slots,
+            item_rows: &item_rows,
+            page_tables: &page_tables,
+            page_size,
+            out_rows: &rows,
+        };
+        self.run(py, &step, out, self.shape.hidden, Out::Hidden)
+    }
+}
+
+impl PyCpuDecoder {
+    /// Runs `step` through the model behind the addresses, its output (`wrap`: which one, of
+    /// `per_row` values a row) into the f32 `[out rows, per_row]` buffer at `out`.
+    fn run<'o>(
+        &self,
+        py: Python<'_>,
+        step: &Step<'_>,
+        out: usize,
+        per_row: usize,
+        wrap: fn(&'o mut [f32]) -> Out<'o>,
+    ) -> PyResult<()> {
         let s = self.shape;
         let d = s.head_dim;
         // SAFETY: the runner keeps every tensor behind these addresses alive and unmoved, with
-        // the sizes checked in `new` and by the runner (module doc); `logits` is a fresh buffer
+        // the sizes checked in `new` and by the runner (module doc); `out` is a fresh buffer
         // of exactly this size, and nothing else touches the K/V pools during a step.
         let (model, mut kv, out) = unsafe {
             let layers = self
@@ -255,21 +307,13 @@ impl PyCpuDecoder {
                 .map(|l| (cells(l.k_cells), cells(l.v_cells)))
                 .collect();
             let out =
-                std::slice::from_raw_parts_mut(logits as *mut f32, logit_rows.len() * s.vocab);
+                std::slice::from_raw_parts_mut(out as *mut f32, step.out_rows.len() * per_row);
             (model, kv, out)
         };
-        let step = Step {
-            tokens: &tokens,
-            positions: &positions,
-            slots: &slots,
-            item_rows: &item_rows,
-            page_tables: &page_tables,
-            page_size,
-            logit_rows: &logit_rows,
-        };
+        let out = wrap(out);
         py.detach(|| {
             let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-            decoder::forward(&model, &mut kv, &step, &mut ws, out)
+            decoder::forward(&model, &mut kv, step, &mut ws, out)
         })
         .map_err(cpu_ops_err)
     }

@@ -1,7 +1,8 @@
 //! A whole decode step of a Llama-family model in one call: embedding, then per layer RMSNorm,
 //! the fused QKV projection, rope, the K/V store, paged attention, the output projection and
-//! residual, RMSNorm, gate/up, `silu(gate) * up`, down and residual; then the final norm and the
-//! head for the rows whose logits are wanted.
+//! residual, RMSNorm, gate/up, `silu(gate) * up`, down and residual; then the final norm of the
+//! rows wanted, and the head for their logits ([`Out::Logits`]) or nothing more, for their hidden
+//! states ([`Out::Hidden`], what an embedding pools).
 //!
 //! Why: through torch, a decode step of the default model is ~30 layers × ~15 ops, each a
 //! dispatch, an allocation and (for the block matmuls) a crossing into this crate; at one row
@@ -93,8 +94,16 @@ pub struct Step<'a> {
     /// each item's pages; cell `c` of a sequence is `table[c / page_size] * page_size + c % ps`.
     pub page_tables: &'a [Vec<i64>],
     pub page_size: usize,
-    /// rows whose logits are computed, in the order of the output.
-    pub logit_rows: &'a [i64],
+    /// rows whose output ([`Out`]) is computed, in the order of the output.
+    pub out_rows: &'a [i64],
+}
+
+/// What a step writes for its [`Step::out_rows`].
+pub enum Out<'a> {
+    /// `[out rows, vocab]`: their logits.
+    Logits(&'a mut [f32]),
+    /// `[out rows, hidden]`: their hidden states after the final norm, the head's input.
+    Hidden(&'a mut [f32]),
 }
 
 /// Buffers a step needs, kept between steps (they only grow).
@@ -162,8 +171,8 @@ impl Step<'_> {
                 "position {p} is beyond the rope table ({positions})"
             )));
         }
-        if self.logit_rows.iter().any(|&r| r < 0 || r as usize >= t) {
-            return Err(bad(format!("a logit row is outside the step's {t} rows")));
+        if self.out_rows.iter().any(|&r| r < 0 || r as usize >= t) {
+            return Err(bad(format!("an output row is outside the step's {t} rows")));
         }
         if self.page_size == 0 {
             return Err(bad("page size 0".into()));
@@ -207,14 +216,15 @@ impl Step<'_> {
     }
 }
 
-/// Runs `step` through `model`, writing K and V into `kv` (`[layer] = (k, v)`) and the logits
-/// of `step.logit_rows` into `logits` (`[logit rows, vocab]`).
+/// Runs `step` through `model`, writing K and V into `kv` (`[layer] = (k, v)`) and the output
+/// of `step.out_rows` into `out`. The rows' bits do not depend on which output is asked for:
+/// the logits are the head's product of exactly the hidden states [`Out::Hidden`] gets.
 pub fn forward(
     model: &Model<'_>,
     kv: &mut [(KvCells<'_>, KvCells<'_>)],
     step: &Step<'_>,
     ws: &mut Workspace,
-    logits: &mut [f32],
+    out: Out<'_>,
 ) -> Result<(), ShapeError> {
     let s = model.shape;
     let half = s.head_dim / 2;
@@ -243,12 +253,14 @@ pub fn forward(
             kv.len()
         )));
     }
-    if logits.len() != step.logit_rows.len() * s.vocab {
+    let (what, got, per_row) = match &out {
+        Out::Logits(o) => ("logits", o.len(), s.vocab),
+        Out::Hidden(o) => ("hidden states", o.len(), s.hidden),
+    };
+    if got != step.out_rows.len() * per_row {
         return Err(bad(format!(
-            "logits hold {} values, not {} rows of {}",
-            logits.len(),
-            step.logit_rows.len(),
-            s.vocab
+            "{what} hold {got} values, not {} rows of {per_row}",
+            step.out_rows.len(),
         )));
     }
     step.entries(ws)?;
@@ -262,16 +274,21 @@ pub fn forward(
             layer::run(model, layer, k, v, step, xs, ws)?;
         }
         // the norm is row-wise: pick the wanted rows first
-        let n = step.logit_rows.len();
+        let n = step.out_rows.len();
         let picked = sized(&mut ws.proj, n * s.hidden);
-        for (i, &r) in step.logit_rows.iter().enumerate() {
+        for (i, &r) in step.out_rows.iter().enumerate() {
             let r = r as usize;
             picked[i * s.hidden..(i + 1) * s.hidden]
                 .copy_from_slice(&xs[r * s.hidden..(r + 1) * s.hidden]);
         }
-        let normed = sized(&mut ws.h, n * s.hidden);
-        rms_norm(picked, model.norm, s.eps, normed)?;
-        layer::matmul(model.dot, normed, n, model.head, logits, &mut ws.i8)
+        match out {
+            Out::Hidden(hidden) => rms_norm(picked, model.norm, s.eps, hidden),
+            Out::Logits(logits) => {
+                let normed = sized(&mut ws.h, n * s.hidden);
+                rms_norm(picked, model.norm, s.eps, normed)?;
+                layer::matmul(model.dot, normed, n, model.head, logits, &mut ws.i8)
+            }
+        }
     })();
     ws.x = x;
     result
