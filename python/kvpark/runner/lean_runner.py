@@ -217,7 +217,7 @@ class LeanCpuRunner:
         # float32 whatever the pool's type: the mean of n rows is one more sum to keep accurate
         pooled = hidden.mean(axis=0, dtype=np.float32)
         norm = float(np.linalg.norm(pooled))
-        return pooled / np.float32(max(norm, 1e-12))
+        return np.asarray(pooled / np.float32(max(norm, 1e-12)), dtype=np.float32)
 
 
 def try_lean(config: EngineConfig) -> tuple[LeanCpuRunner | None, str | None]:
