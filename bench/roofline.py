@@ -1,12 +1,13 @@
 """How far a CPU decode step is from its memory roofline: bytes a step reads / measured bandwidth.
 
-    kvpark bench --scenario roofline --threads 2 --batch 1,8 --context 128 [--runner native]
+    kvpark bench --scenario roofline --threads 2 --batch 1,8 --context 128
 
 A decode step reads every weight once (the layers' block matrices and the head) plus, per row,
 its sequence's K and V cells in every layer; at a few rows that is all it does, so the time to
 stream those bytes at the machine's read bandwidth is a floor no kernel can beat. This measures
-the bandwidth (the best of several sums over a 512 MiB float32 tensor, on 1 and on ``--threads``
-threads), loads the runner (``--runner native`` or ``torch``, default model, block weights),
+the bandwidth (the best of several sums over a 512 MiB float32 array, on one thread, and with
+torch installed on ``--threads`` threads too), loads the lean runner (the CPU's one stack; default
+model, block weights),
 times decode steps at each batch size with every row at ``--context`` cells, and prints the
 bytes, the floor, the measured step and their ratio as lines for docs/benchmarks.md.
 """
@@ -20,47 +21,47 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from kvpark import _core
 from kvpark.bench.machine import cpu_name
-from kvpark.config.layers import ModelConfig, PoolConfig
-from kvpark.model.ops import BlockWeight
-from kvpark.runner.native_runner import NativeCpuRunner
-from kvpark.runner.torch_runner import TorchRunner
+from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
+from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.sched.plan import StepItem, StepPlan
 
 PAGE = 16
 
 
 def read_bandwidth(threads: int, mib: int = 512, tries: int = 7) -> float:
-    """Bytes per second a sum over a ``mib`` MiB tensor streams, best of ``tries``."""
+    """Bytes per second a sum over a ``mib`` MiB array streams, best of ``tries``: numpy's on one
+    thread, torch's (the one library here that sums on several) on more."""
+    if threads == 1:
+        data = np.ones(mib * 2**20 // 4, dtype=np.float32)
+        return data.nbytes / min(_timed(data.sum) for _ in range(tries))
+    import torch  # the gpu extra; a one-thread floor needs none
+
     torch.set_num_threads(threads)
-    data = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - t)
+    tensor = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    best = min(_timed(tensor.sum) for _ in range(tries))
     torch.set_num_threads(1)
-    return data.numel() * 4 / best
+    return tensor.numel() * 4 / best
 
 
-def weight_bytes(runner: TorchRunner) -> int:
+def _timed(f: object) -> float:
+    t = time.perf_counter()
+    f()  # type: ignore[operator]
+    return time.perf_counter() - t
+
+
+def weight_bytes(runner: LeanCpuRunner) -> int:
     """Bytes of every matrix a decode step multiplies (layers and head)."""
-    model = runner.loaded.model
-    total = 0
-    for layer in model.layers:
-        for attr in ("qkv_w", "o_w", "gate_up_w", "down_w"):
-            w = getattr(layer, attr)
-            total += w.nbytes if isinstance(w, BlockWeight) else w.numel() * w.element_size()
-    head = model.lm_head
-    total += head.nbytes if isinstance(head, BlockWeight) else head.numel() * head.element_size()
-    return total
+    w = runner.weights
+    layers = sum(m.nbytes for layer in w.layers for m in layer.matrices.values())
+    return layers + w.head.nbytes
 
 
-def kv_bytes_per_row(runner: TorchRunner, context: int) -> int:
-    return context * runner.kv.bytes_per_cell()  # K and V of every layer, each cell read once
+def kv_bytes_per_row(runner: LeanCpuRunner, context: int) -> int:
+    return context * runner.bytes_per_cell()  # K and V of every layer, each cell read once
 
 
 def decode_plan(batch: int, context: int) -> StepPlan:
@@ -74,7 +75,7 @@ def decode_plan(batch: int, context: int) -> StepPlan:
     return StepPlan(items=items, slot_mapping=slots, page_tables=tables)
 
 
-def step_ms(runner: TorchRunner, plan: StepPlan, steps: int) -> float:
+def step_ms(runner: LeanCpuRunner, plan: StepPlan, steps: int) -> float:
     runner.execute(plan)
     times = []
     for _ in range(steps):
@@ -90,18 +91,13 @@ def main() -> int:
     p.add_argument("--batch", default="1,8")
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--runner", choices=("native", "torch"), default="native")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args()
     bandwidth = {n: read_bandwidth(n) for n in sorted({1, args.threads})}
     batches = [int(b) for b in args.batch.split(",")]
-    config = ModelConfig(threads=args.threads, weights="blocks", runner=args.runner)
+    config = ModelConfig(threads=args.threads, weights="blocks", runner="lean")
     pool = PoolConfig(kv_cells=max(batches) * (args.context + PAGE) // PAGE * PAGE * 2)
-    runner: TorchRunner = (
-        NativeCpuRunner(config, pool, required=True)
-        if args.runner == "native"
-        else TorchRunner(config, pool)
-    )
+    runner = LeanCpuRunner.load(EngineConfig(model=config, pool=pool))
     weights = weight_bytes(runner)
     bw = bandwidth[args.threads]
     print(f"CPU: {cpu_name()}; flags {_core._cpu_features()[0]}")
@@ -123,7 +119,7 @@ def main() -> int:
               f"({batch / measured * 1e3:.0f} tok/s) | {floor / measured:.0%} |")  # fmt: skip
     if args.json:
         meta = {"cpu": cpu_name(), "flags": _core._cpu_features()[0], "bandwidth": bandwidth}
-        meta |= {"runner": args.runner, "context": args.context, "rows": rows}
+        meta |= {"runner": "lean", "context": args.context, "rows": rows}
         args.json.write_text(json.dumps(meta, indent=2))
     return 0
 

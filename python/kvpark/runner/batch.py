@@ -1,11 +1,8 @@
-"""The one place a step plan becomes tensors: token ids, positions, slot mapping, cell indices.
+"""A step's rows (step_rows.py, the one place a plan becomes rows) as the torch runner's tensors:
+token ids, positions, slot mapping, cell indices.
 
 ::
 
-    plan.items[b]   seq 7: start=32, 1 row         seq 9: start=0, 5 rows (a prompt chunk)
-    rows            [ t7_32 | t9_0 t9_1 t9_2 t9_3 t9_4 ]
-    query_start     [0, 1, 6]
-    context_lens    [33, 5]
     cell_index[b]   seq b's cells 0..context_len-1, read through its page table, 0-padded
 """
 
@@ -16,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kvpark.model.ops.metadata import AttentionMetadata
+from kvpark.runner.step_rows import plan_rows, takes_prompt_path
 from kvpark.sched.plan import StepPlan
 
 
@@ -30,35 +28,12 @@ class StepTensors:
     prompt_chunk: bool = False
 
 
-def takes_prompt_path(plan: StepPlan, prompt_min_rows: int | None) -> bool:
-    """Whether a step goes through the dense prompt GEMM: its prompt (or replay) rows, summed
-    over its items of more than one row, are at least ``prompt_min_rows``. Summed, because a
-    GEMM's speed follows the rows it multiplies at once: eight conversations' next turns of 30
-    rows each are one 240-row product, as fast dense as one 240-row chunk. Decode rows (items of
-    one row) never count: a step of decodes alone stays on the blocks."""
-    if prompt_min_rows is None:
-        return False
-    rows = sum(len(item.token_ids) for item in plan.items if len(item.token_ids) > 1)
-    return rows >= prompt_min_rows
-
-
 def build_step_tensors(
     plan: StepPlan, page_size: int, device: torch.device, prompt_min_rows: int | None = None
 ) -> StepTensors:
     """``prompt_min_rows``: see :func:`takes_prompt_path` (cpu_paths.py)."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    query_start = [0]
-    context_lens: list[int] = []
-    logit_rows: list[int] = []
-    for item in plan.items:
-        n = len(item.token_ids)
-        tokens += item.token_ids
-        positions += range(item.start, item.start + n)
-        query_start.append(query_start[-1] + n)
-        context_lens.append(item.start + n)
-        if item.sample:
-            logit_rows.append(query_start[-1] - 1)
+    rows = plan_rows(plan)
+    query_start, context_lens = rows.query_start, rows.context_lens
     max_pages = max(len(t) for t in plan.page_tables)
     tables = torch.zeros((len(plan.items), max_pages), dtype=torch.int64)
     for b, table in enumerate(plan.page_tables):
@@ -74,10 +49,10 @@ def build_step_tensors(
         max_query_len=max(query_start[i + 1] - query_start[i] for i in range(len(plan.items))),
     )
     return StepTensors(
-        token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        token_ids=torch.tensor(rows.tokens, dtype=torch.int64, device=device),
+        positions=torch.tensor(rows.positions, dtype=torch.int64, device=device),
         meta=meta,
-        logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        logit_rows=torch.tensor(rows.sample_rows, dtype=torch.int64, device=device),
         prompt_chunk=takes_prompt_path(plan, prompt_min_rows),
     )
 

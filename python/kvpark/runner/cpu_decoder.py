@@ -1,7 +1,5 @@
 """The Rust decoder (``_core._CpuDecoder``, rust/cpu_ops/src/decoder) built from numpy arrays,
-and one step's plan as its plain lists: shared by the CPU runner over the torch model
-(native_runner.py, which hands it numpy views of its tensors) and the torch-free one
-(lean_runner.py).
+and one step's rows (step_rows.py) handed to it: the CPU's one stack (lean_runner.py).
 
 The decoder holds raw addresses: every array handed to it must stay alive, contiguous and
 unmoved for the decoder's life; ``DecoderInputs.keep`` holds them.
@@ -18,6 +16,7 @@ import numpy.typing as npt
 import kvpark._core as _core
 from kvpark.model.arch import ModelArch
 from kvpark.model.gguf_blocks import Blocks
+from kvpark.runner.step_rows import plan_rows
 from kvpark.sched.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -123,30 +122,36 @@ def run_step(
 ) -> None:
     """One step's rows through the decoder; ``logits`` [sampled rows, vocab] float32 gets the
     sampled rows' logits (page copies are the caller's, before)."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    item_rows: list[int] = []
-    logit_rows: list[int] = []
-    for item in plan.items:
-        n = len(item.token_ids)
-        tokens += item.token_ids
-        positions += range(item.start, item.start + n)
-        item_rows.append(n)
-        if item.sample:
-            logit_rows.append(len(tokens) - 1)
-    if logits.shape[0] != len(logit_rows) or not logits.flags.c_contiguous:
-        raise ValueError(f"logits {logits.shape} for {len(logit_rows)} sampled rows")
+    rows = plan_rows(plan)
+    if logits.shape[0] != len(rows.sample_rows) or not logits.flags.c_contiguous:
+        raise ValueError(f"logits {logits.shape} for {len(rows.sample_rows)} sampled rows")
     decoder.step(
-        tokens,
-        positions,
+        rows.tokens,
+        rows.positions,
         plan.slot_mapping,
-        item_rows,
+        rows.item_rows,
         plan.page_tables,
         page_size,
-        logit_rows,
+        rows.sample_rows,
         int(logits.ctypes.data),
     )
 
 
-def sampled_rows(plan: StepPlan) -> int:
-    return sum(1 for item in plan.items if item.sample)
+def run_hidden(
+    decoder: _core._CpuDecoder, plan: StepPlan, page_size: int, out: npt.NDArray[np.float32]
+) -> None:
+    """One step's rows through the decoder up to the final norm: ``out`` [rows, hidden] float32
+    gets every row's normed hidden state (``/v1/embeddings``), in row order."""
+    rows = plan_rows(plan)
+    if out.shape[0] != len(rows.tokens) or not out.flags.c_contiguous:
+        raise ValueError(f"out {out.shape} for {len(rows.tokens)} rows")
+    decoder.hidden(
+        rows.tokens,
+        rows.positions,
+        plan.slot_mapping,
+        rows.item_rows,
+        plan.page_tables,
+        page_size,
+        list(range(len(rows.tokens))),
+        int(out.ctypes.data),
+    )

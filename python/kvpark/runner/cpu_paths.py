@@ -33,7 +33,7 @@ bits into different near-ties within 32 tokens), so auto is float32 there. A flo
 float16 cells; f16, bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
 
 Under an explicit dense prompt path a step takes the dense GEMM when its prompt chunks (items of
-more than one row) hold at least ``PROMPT_MIN_ROWS`` rows in all (``batch.takes_prompt_path``).
+more than one row) hold at least ``PROMPT_MIN_ROWS`` rows in all (``step_rows.takes_prompt_path``).
 Such a step runs all its rows dense, the decode rows beside it too (ops/prompt_linear.py says
 why). Exact mode keeps prompt and decode rows on one arithmetic (a recompute replay must give
 the bits the first pass gave).

@@ -31,12 +31,18 @@ from kvpark.model.gguf_file import GgufFile, is_gguf
 from kvpark.model.numpy_weights import NumpyWeights, Unfit, load_numpy_weights
 from kvpark.model.rope_angles import rope_angles
 from kvpark.model.sources import default_model_path, gguf_tokenizer, return_freed_heap
-from kvpark.runner.cpu_decoder import DecoderInputs, DecoderLayer, build_decoder, run_step
-from kvpark.runner.cpu_decoder import sampled_rows as count_sampled_rows
+from kvpark.runner.cpu_decoder import (
+    DecoderInputs,
+    DecoderLayer,
+    build_decoder,
+    run_hidden,
+    run_step,
+)
 from kvpark.runner.cpu_paths import CpuPaths, exact_cpu_threads, resolve_cpu_paths
 from kvpark.runner.devices import device_kind
 from kvpark.runner.numpy_pool import NumpyKVPool
-from kvpark.sched.plan import StepPlan
+from kvpark.runner.step_rows import sampled_rows
+from kvpark.sched.plan import StepItem, StepPlan
 from kvpark.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("kvpark.runner.lean_runner")
@@ -170,7 +176,7 @@ class LeanCpuRunner:
     def execute(self, plan: StepPlan) -> npt.NDArray[np.float32]:
         if plan.page_copies:
             self.pool.copy_pages(plan.page_copies)
-        logits = np.empty((count_sampled_rows(plan), self.vocab_size), dtype=np.float32)
+        logits = np.empty((sampled_rows(plan), self.vocab_size), dtype=np.float32)
         if not plan.empty:
             run_step(self.decoder, plan, self.page_size, logits)
         return logits
@@ -203,17 +209,11 @@ class LeanCpuRunner:
         pool = NumpyKVPool(self.weights.arch, pages, self.page_size, "float32")
         decoder, _inputs = self._build_decoder(pool, int8=False)  # _inputs: alive with it
         hidden = np.empty((n, self.weights.arch.hidden_size), dtype=np.float32)
-        cells = list(range(n))  # the pool is this prompt's alone: positions are cells
-        decoder.hidden(
-            token_ids,
-            cells,
-            cells,
-            [n],
-            [list(range(pages))],
-            self.page_size,
-            cells,
-            int(hidden.ctypes.data),
+        # the pool is this prompt's alone: its cells are its positions
+        plan = StepPlan(
+            [StepItem(0, 0, list(token_ids), True)], list(range(n)), [list(range(pages))]
         )
+        run_hidden(decoder, plan, self.page_size, hidden)
         # float32 whatever the pool's type: the mean of n rows is one more sum to keep accurate
         pooled = hidden.mean(axis=0, dtype=np.float32)
         norm = float(np.linalg.norm(pooled))
