@@ -1,4 +1,5 @@
-"""K-quant matrices (Q4_K, Q5_K) repacked into block weights, and why Q6_K stays dense.
+"""K-quant matrices (Q4_K, Q5_K) repacked into block weights (model/kquant_repack.py, in numpy),
+and why Q6_K stays dense.
 
 The repacked weights must be bitwise ``gguf.quants.dequantize`` of the same bytes, for valid bytes
 of any content and for bytes quantised from real weights; the products must match float64 within
@@ -16,10 +17,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from kvpark.model.gguf_loader import GgufFile
+from kvpark.model.gguf_file import GgufFile
+from kvpark.model.gguf_tensors import read_tensor
+from kvpark.model.kquant_repack import kquant_blocks, scales_and_mins
 from kvpark.model.ops import BlockWeight
 from kvpark.model.ops.block_weights import block_linear
-from kvpark.model.ops.kquant_blocks import kquant_from_gguf, scales_and_mins
 from support.kquants import (
     KQUANTS,
     Q4_K,
@@ -40,7 +42,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def repack(qtype: GGMLQuantizationType, raw: np.ndarray, shape: tuple[int, int]) -> BlockWeight:
-    return kquant_from_gguf(int(qtype), torch.from_numpy(raw.reshape(-1).copy()), shape)
+    return BlockWeight.from_blocks(kquant_blocks(int(qtype), raw.reshape(-1), shape))
 
 
 def gguf_weights(
@@ -71,8 +73,8 @@ def test_k_quants_repack_to_the_dequantised_weights_bitwise(
 def test_scales_and_mins_unpack_as_gguf_does() -> None:
     raw = random_kquant(Q4_K, 16, 1024, seed=2).reshape(-1, 144)[:, 4:16]
     want_sc, want_m = quants.Q4_K.get_scale_min(raw.copy())
-    sc, m = scales_and_mins(torch.from_numpy(raw.copy()))
-    assert np.array_equal(sc.numpy(), want_sc) and np.array_equal(m.numpy(), want_m)
+    sc, m = scales_and_mins(raw)
+    assert np.array_equal(sc, want_sc) and np.array_equal(m, want_m)
     assert sc.max() > 47 and m.max() > 47  # bits 4-5 of the upper four were exercised
 
 
@@ -136,9 +138,9 @@ def test_bad_k_quant_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="want"):
         BlockWeight("q8", w.qs, w.scale, w.offset[:, :-1].contiguous())
     with pytest.raises(ValueError, match="super-blocks of 256"):
-        kquant_from_gguf(int(Q4_K), torch.zeros(144, dtype=torch.uint8), (2, 128))
+        kquant_blocks(int(Q4_K), np.zeros(144, dtype=np.uint8), (2, 128))
     with pytest.raises(ValueError, match="not a K-quant"):
-        kquant_from_gguf(int(Q6_K), torch.zeros(210, dtype=torch.uint8), (1, 256))
+        kquant_blocks(int(Q6_K), np.zeros(210, dtype=np.uint8), (1, 256))
 
 
 def test_q6_k_blocks_seldom_have_one_exact_scale(default_gguf_path: str) -> None:
@@ -147,7 +149,8 @@ def test_q6_k_blocks_seldom_have_one_exact_scale(default_gguf_path: str) -> None
     quantised to Q6_K) few 32-blocks have an exact int8 form with one scale, and no row has it
     in every block, so no matrix could be kept as q8 blocks without changing weights."""
     g = GgufFile(default_gguf_path)
-    weights = g.load(next(t for t in g.tensors if t.name == "blk.7.ffn_down.weight")).numpy()
+    weights = read_tensor(g, next(t for t in g.tensors if t.name == "blk.7.ffn_down.weight"))
+    assert isinstance(weights, np.ndarray)
     equal, exact = q6_k_one_scale_blocks(quantize(weights, Q6_K))
     rows_exact = exact.reshape(weights.shape[0], -1).all(axis=1)
     print(f"\nQ6_K 32-blocks: equal scales {equal.mean():.1%}, one exact scale {exact.mean():.1%}")

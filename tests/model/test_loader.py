@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from kvpark.model import LoadedModel, ModelLoadError, load_model
-from kvpark.model.gguf_loader import _TORCH_DEQUANT, GgufFile, arch_from_gguf, iter_weights
-from kvpark.model.ops import AttentionMetadata, BlockWeight, KVCache
+from kvpark.model.gguf_blocks import Blocks
+from kvpark.model.gguf_file import GgufFile, arch_from_gguf
+from kvpark.model.gguf_tensors import DEQUANT, iter_tensors, read_tensor
+from kvpark.model.ops import AttentionMetadata, KVCache
 from kvpark.tokenizer.tokenizer import Tokenizer
 from support.kquants import random_kquant
 
@@ -56,10 +58,9 @@ def test_each_tensor_leaves_no_file_pages_mapped(default_gguf_path: str, as_bloc
     base = np.frombuffer(g._mm, np.uint8, count=1).ctypes.data
     checked = 0
     for info in g.tensors:
-        if as_blocks and g.load_blocks(info) is not None:
-            pass
-        else:
-            assert g.load(info).numel() == np.prod(info.shape)
+        value = read_tensor(g, info, blocks=as_blocks)
+        if not isinstance(value, Blocks):
+            assert value.size == np.prod(info.shape)
         _, raw = g.raw(info)
         if raw.nbytes >= 256 << 10:
             start = base + g._data_start + info.offset
@@ -118,14 +119,14 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
-def test_torch_dequantisation_is_bitwise_gguf(qtype: str) -> None:
-    gguf = pytest.importorskip("gguf")
+def test_our_dequantisation_is_bitwise_gguf(qtype: str) -> None:
     kind = gguf.GGMLQuantizationType[qtype]
     w = np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32)
     packed = gguf.quants.quantize(w, kind)
-    blocks = torch.from_numpy(packed.copy()).view(-1, gguf.GGML_QUANT_SIZES[kind][1])
-    got = _TORCH_DEQUANT[kind](blocks).view(16, 256).numpy()
-    assert np.array_equal(got, gguf.quants.dequantize(packed, kind))
+    blocks = packed.reshape(-1, gguf.GGML_QUANT_SIZES[kind][1])
+    got = DEQUANT[kind](blocks).reshape(16, 256)
+    want = gguf.quants.dequantize(packed, kind)
+    assert got.dtype == np.float32 and got.view(np.int32).tobytes() == want.view(np.int32).tobytes()
 
 
 def test_k_quant_matrices_load_as_blocks(tmp_path: Path) -> None:
@@ -154,9 +155,9 @@ def test_k_quant_matrices_load_as_blocks(tmp_path: Path) -> None:
     writer.close()
     g = GgufFile(str(path))
     arch = arch_from_gguf(g)
-    dense = dict(iter_weights(g, arch))
-    kept = dict(iter_weights(g, arch, blocks=True))
-    kinds = {name: w.kind if isinstance(w, BlockWeight) else None for name, w in kept.items()}
+    dense = {t.name: t.value for t in iter_tensors(g, arch)}
+    kept = {t.name: t.value for t in iter_tensors(g, arch, blocks=True)}
+    kinds = {name: w.kind if isinstance(w, Blocks) else None for name, w in kept.items()}
     attn = "model.layers.0.self_attn"
     assert kinds == {
         "model.embed_tokens.weight": None,
@@ -167,13 +168,18 @@ def test_k_quant_matrices_load_as_blocks(tmp_path: Path) -> None:
         "model.layers.0.mlp.down_proj.weight": "q4",
     }
     for name, w in kept.items():
-        got, want = w.dequantize() if isinstance(w, BlockWeight) else w, dense[name]
-        assert got.shape == want.shape
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        got, want = w.dequantize() if isinstance(w, Blocks) else w, dense[name]
+        assert got.shape == want.shape and got.dtype == want.dtype == np.float32
+        assert got.view(np.int32).tobytes() == want.view(np.int32).tobytes()
     k_rows = kept[f"{attn}.k_proj.weight"]
-    assert isinstance(k_rows, BlockWeight) and k_rows.offset is not None  # Q5_K: q8 with offsets
-    as_filed = g.load(next(t for t in g.tensors if t.name == "blk.0.attn_k.weight"))
-    assert not torch.equal(dense[f"{attn}.k_proj.weight"], as_filed)  # the rows were unpermuted
+    assert isinstance(k_rows, Blocks) and k_rows.offset is not None  # Q5_K: q8 with offsets
+    as_filed = read_tensor(g, next(t for t in g.tensors if t.name == "blk.0.attn_k.weight"))
+    assert not np.array_equal(dense[f"{attn}.k_proj.weight"], as_filed)  # rows unpermuted
+    reader = gguf.GGUFReader(str(path))  # gguf's own reading and dequantisation, unpermuted here
+    filed = next(t for t in reader.tensors if t.name == "blk.0.attn_k.weight")
+    theirs = gguf.quants.dequantize(filed.data, filed.tensor_type).reshape(128, 256)
+    theirs = theirs.reshape(2, 32, 2, 256).transpose(0, 2, 1, 3).reshape(128, 256)
+    assert theirs.tobytes() == dense[f"{attn}.k_proj.weight"].tobytes()
 
 
 # ---- tiny Hugging Face models of each variant ----

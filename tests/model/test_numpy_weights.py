@@ -1,8 +1,9 @@
-"""The torch-free weights of the lean CPU runner (model/numpy_weights.py) against the torch model
-the native runner hands the same decoder: tiny GGUF files of each variant (Llama's permuted Q/K
-rows and rope factors, Qwen2's biases and an untied head, Qwen3's per-head norms), written here
-with the ``gguf`` package's quantisers, must give the same arrays bit for bit; a file the
-decoder cannot run whole is refused with the tensor named."""
+"""The numpy weights (model/numpy_weights.py) the lean CPU runner's decoder runs and the torch
+model is built over: tiny GGUF files of each variant (Llama's permuted Q/K rows and rope factors,
+Qwen2's biases and an untied head, Qwen3's per-head norms, K-quants), written here with the
+``gguf`` package's quantisers, must give the torch model the same arrays bit for bit, and both
+the values ``gguf`` itself reads and dequantises (unpermuted and fused here, independently); a
+file the decoder cannot run whole is refused with the tensor named."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from kvpark.model import gguf_loader
 from kvpark.model.gguf_blocks import Blocks
-from kvpark.model.gguf_file import GgufFile
+from kvpark.model.gguf_file import GgufFile, hf_name
 from kvpark.model.llama import Block, LlamaModel
-from kvpark.model.numpy_weights import Unfit, load_numpy_weights
+from kvpark.model.numpy_weights import Unfit, decoder_unfit, load_numpy_weights, read_gguf
 from kvpark.model.ops import BlockWeight
 from kvpark.model.rope_angles import rope_angles
+from kvpark.model.torch_weights import torch_model as torch_model_over
 from support.kquants import random_kquant
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 256, 4, 2, 512, 96, 2
@@ -57,7 +58,7 @@ def write_tiny(
         x = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
         if qtype == Q.F32:
             w.add_tensor(name, x)
-        elif qtype == Q.Q6_K:
+        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantise K-quants
             w.add_tensor(name, random_kquant(qtype, rows, cols, seed=rows), raw_dtype=qtype)
         else:
             w.add_tensor(name, quants.quantize(x, qtype), raw_dtype=qtype)
@@ -98,15 +99,54 @@ def write_tiny(
     w.close()
 
 
-def torch_model(path: Path) -> LlamaModel:
-    """The model the native runner builds its decoder over: blocks kept, float32."""
-    g = gguf_loader.GgufFile(str(path))
-    arch = gguf_loader.arch_from_gguf(g)
-    model = LlamaModel(arch, torch.float32, torch.device("cpu"))
-    for name, tensor in gguf_loader.iter_weights(g, arch, blocks=True):
-        model.load_weight(name, tensor)
-    model.finish_loading()
-    return model
+def torch_model(path: Path, blocks: bool = True) -> LlamaModel:
+    """The torch model over the file as load_model builds it (the tiny files carry no
+    tokenizer): blocks kept (or not), float32."""
+    weights = read_gguf(GgufFile(str(path)), blocks=blocks)
+    return torch_model_over(weights, torch.float32, torch.device("cpu"))
+
+
+def reference(path: Path) -> dict[str, np.ndarray]:
+    """Every weight as ``gguf``'s reader and dequantiser give it (float32), under the model's
+    names: Q/K rows unpermuted (GGUF rows 2i, 2i + 1 of a head are rows i, i + d/2), Q/K/V and
+    gate/up fused, with no code of ours but the name table."""
+    llama = gguf.GGUFReader(str(path)).fields["general.architecture"].contents() == "llama"
+    out: dict[str, np.ndarray] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        values = quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+        name = hf_name(t.name)
+        heads = HEADS if ".q_proj." in name else KV_HEADS if ".k_proj." in name else 0
+        if llama and heads:
+            rows = shape[0]
+            values = values.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(shape)
+        out[name] = values
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        out[p + "qkv_w"] = np.concatenate([out[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+        out[p + "gate_up_w"] = np.concatenate(
+            [out[p + f"mlp.{x}_proj.weight"] for x in ("gate", "up")]
+        )
+        out[p + "o_w"] = out[p + "self_attn.o_proj.weight"]
+        out[p + "down_w"] = out[p + "mlp.down_proj.weight"]
+    out.setdefault("lm_head.weight", out["model.embed_tokens.weight"])
+    return out
+
+
+def same_weights(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal bits, but for the sign of a zero: a Q4_0 block of negative scale holds -0.0 where
+    gguf computes (8 - 8) * d, +0.0 where blocks compute d * 8 + -8 * d (the same value)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    return bool(((got.view(np.int32) == want.view(np.int32)) | ((got == 0) & (want == 0))).all())
+
+
+def dequantised(m: object) -> np.ndarray:
+    if isinstance(m, BlockWeight):
+        return m.dequantize().numpy()
+    if isinstance(m, torch.Tensor):
+        return m.detach().numpy()
+    return m.dequantize() if isinstance(m, Blocks) else np.asarray(m)
 
 
 def same_blocks(ours: Blocks, theirs: object) -> bool:
@@ -159,6 +199,66 @@ def test_the_numpy_weights_are_the_torch_models_bit_for_bit(tmp_path: Path, vari
     if "rope factors" in variant:  # the factors reached the table: it differs from the plain one
         plain, _ = rope_angles(ours.arch.inv_freq(), ours.arch.max_position)
         assert not np.array_equal(plain, cos)
+    assert_as_gguf_reads(path, ours.layers, ours.embed, ours.head)
+
+
+def assert_as_gguf_reads(path: Path, layers: list[object], embed: object, head: object) -> None:
+    """Every matrix (numpy ``Blocks`` or arrays, or the torch model's layers) dequantises to
+    what gguf reads from the file."""
+    want = reference(path)
+    for i, layer in enumerate(layers):
+        for attr in ("qkv_w", "o_w", "gate_up_w", "down_w"):
+            m = layer.matrices[attr] if hasattr(layer, "matrices") else getattr(layer, attr)
+            assert same_weights(dequantised(m), want[f"model.layers.{i}.{attr}"]), (i, attr)
+    assert same_weights(dequantised(embed), want["model.embed_tokens.weight"])
+    assert same_weights(dequantised(head), want["lm_head.weight"])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_dense_torch_model_holds_what_gguf_reads(tmp_path: Path, variant: str) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_tiny(path, **VARIANTS[variant])  # type: ignore[arg-type]
+    model = torch_model(path, blocks=False)
+    assert all(isinstance(b.qkv_w, torch.nn.Parameter) for b in model.layers)
+    want = reference(path)
+    assert_as_gguf_reads(path, list(model.layers), model.embed, model.lm_head)
+    for i, block in enumerate(model.layers):  # dense: bit for bit, the zeros' signs included
+        got = block.qkv_w.detach().numpy()  # type: ignore[union-attr]
+        assert got.tobytes() == want[f"model.layers.{i}.qkv_w"].tobytes()
+
+
+K_QUANT_FILES = {
+    "Q4_K layers, Q5_K MLP, Q4_K embedding and head": dict(
+        attn=Q.Q4_K, mlp=Q.Q5_K, embed=Q.Q4_K, head=Q.Q4_K, rope_freqs=True
+    ),
+    "Q5_K beside Q8_0 in one fused Q/K/V": dict(attn=Q.Q5_K, mixed_qkv=True, embed=Q.Q8_0),
+}
+
+
+@pytest.mark.parametrize("options", list(K_QUANT_FILES))
+def test_a_k_quant_file_is_decoder_weights_gguf_dequantises_alike(
+    tmp_path: Path, options: str
+) -> None:
+    path = tmp_path / "kquants.gguf"
+    write_tiny(path, "llama", **K_QUANT_FILES[options])  # type: ignore[arg-type]
+    ours = load_numpy_weights(GgufFile(str(path)))
+    assert decoder_unfit(ours) is None
+    assert all(isinstance(m, Blocks) for layer in ours.layers for m in layer.matrices.values())
+    kinds = {attr: m.kind for attr, m in ours.layers[0].matrices.items()}
+    gate_up = ours.layers[0].matrices["gate_up_w"]  # Q5_K has offsets (its mins), Q8_0 none
+    assert kinds["gate_up_w"] == "q8" and (gate_up.offset is None) == ("Q5_K MLP" not in options)
+    assert kinds["qkv_w"] == ("q4" if "Q4_K layers" in options else "q8")
+    assert ours.layers[0].matrices["qkv_w"].offset is not None  # the K-quants' mins
+    want = reference(path)
+    for i, layer in enumerate(ours.layers):  # K-quants and Q8_0: bit for bit, zeros included
+        for attr, m in layer.matrices.items():
+            assert dequantised(m).tobytes() == want[f"model.layers.{i}.{attr}"].tobytes()
+    assert dequantised(ours.embed).tobytes() == want["model.embed_tokens.weight"].tobytes()
+    theirs = torch_model(path)
+    assert_as_gguf_reads(path, list(theirs.layers), theirs.embed_blocks, theirs.lm_head)
+    for layer, block in zip(ours.layers, theirs.layers, strict=True):
+        for attr in ("qkv_w", "o_w", "gate_up_w", "down_w"):
+            assert same_blocks(layer.matrices[attr], getattr(block, attr)), attr
 
 
 @pytest.mark.parametrize(
@@ -167,6 +267,8 @@ def test_the_numpy_weights_are_the_torch_models_bit_for_bit(tmp_path: Path, vari
         (dict(attn=Q.F32), "q_proj.weight is F32"),
         (dict(head=Q.Q6_K), "lm_head.weight is Q6_K"),
         (dict(mixed_qkv=True), "layer 0's qkv_w"),
+        (dict(attn=Q.Q4_K, mixed_qkv=True), r"layer 0's qkv_w: .*kinds \['q4', 'q8'\]"),
+        (dict(mlp=Q.Q6_K), "gate_proj.weight is Q6_K"),
     ],
 )
 def test_a_file_the_decoder_cannot_run_whole_is_unfit(
@@ -176,3 +278,5 @@ def test_a_file_the_decoder_cannot_run_whole_is_unfit(
     write_tiny(path, "llama", **options)  # type: ignore[arg-type]
     with pytest.raises(Unfit, match=named):
         load_numpy_weights(GgufFile(str(path)))
+    model = torch_model(path)  # the torch model takes it: dense where the decoder needs blocks
+    assert_as_gguf_reads(path, list(model.layers), model.embed_blocks, model.lm_head)

@@ -4,8 +4,8 @@ GGUF stores Q4_0, Q4_1 and Q8_0 matrices as blocks of 32 weights: an f16 scale (
 f16 offset), then the quants; 4-bit quants hold weight i of a block in the low nibble of byte i
 and weight i + 16 in the high nibble. ``Blocks`` splits them into the arrays the Rust kernels
 take (scales widened to float32, Q4_0's offset made explicit as -8 * scale: exact, a power-of-two
-multiple). numpy, not torch: the CPU server builds its decoder without torch (lean_weights.py);
-``BlockWeight.from_gguf`` wraps these arrays for the torch model, without a copy.
+multiple). numpy, not torch: the CPU server builds its decoder without torch (lean_runner.py);
+``BlockWeight.from_blocks`` wraps these arrays for the torch model, without a copy.
 """
 
 from __future__ import annotations
@@ -50,6 +50,19 @@ class Blocks:
         offset = None if self.offset is None else self.offset[index]
         return Blocks(self.kind, self.qs[index], self.scale[index], offset)
 
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        """The float32 matrix: ``BlockWeight.dequantize``'s arithmetic, bit for bit."""
+        out, inp = self.shape
+        scale = self.scale.reshape(-1, 1)
+        if self.kind == "q8":
+            q = self.qs.reshape(-1, BLOCK).astype(np.float32)
+            if self.offset is None:
+                return (q * scale).reshape(out, inp)
+        else:
+            q = nibbles(self.qs.reshape(-1, BLOCK // 2).view(np.uint8))
+        assert self.offset is not None
+        return (scale * q + self.offset.reshape(-1, 1)).reshape(out, inp)
+
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
         """Rows of several matrices of one kind, in order (a fused Q/K/V or gate/up matrix);
@@ -92,8 +105,13 @@ def half_at(blocks: npt.NDArray[np.uint8], at: int) -> npt.NDArray[np.float32]:
     return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32)
 
 
+def nibbles(qs: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+    """4-bit quants (uint8 [n, 16]) as float32 [n, 32], in weight order."""
+    return np.concatenate((qs & 0x0F, qs >> 4), axis=1).astype(np.float32)
+
+
 def unpermute_rows(rows: int, n_heads: int) -> npt.NDArray[np.int64]:
     """The row order that undoes llama.cpp's Q/K permutation for its interleaved rope: GGUF rows
-    2i, 2i+1 of a head are Hugging Face rows i, i + d/2 (gguf_loader._unpermute on a matrix)."""
+    2i, 2i+1 of a head are Hugging Face rows i, i + d/2 (gguf_tensors.py applies it)."""
     index = np.arange(rows, dtype=np.int64).reshape(n_heads, rows // n_heads // 2, 2)
     return index.transpose(0, 2, 1).reshape(-1)

@@ -1,4 +1,5 @@
-"""Read a Hugging Face model directory: config.json, *.safetensors, tokenizer.json and its config.
+"""Read a Hugging Face model directory: config.json, *.safetensors (into numpy, without torch:
+safetensors_file.py), tokenizer.json and its config.
 
 Both config spellings are understood: transformers 4's ``rope_theta`` / ``rope_scaling`` and
 transformers 5's ``rope_parameters``.
@@ -11,10 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import safe_open
-
 from kvpark.model.arch import ModelArch, ModelLoadError, RopeScaling
+from kvpark.model.safetensors_file import SafetensorsFile
+from kvpark.model.weight_arrays import NamedTensor
 from kvpark.tokenizer.tokenizer import Tokenizer
 
 # config.json model_type -> our variant. Mistral is a Llama (its sliding window is handled below).
@@ -101,29 +101,22 @@ def _rope_scaling(s: dict[str, Any] | None) -> RopeScaling | None:
     raise ModelLoadError(f"rope scaling {kind!r} is not supported (llama3, linear)")
 
 
-def safetensor_files(root: Path) -> list[Path]:
+def safetensor_files(root: Path) -> list[SafetensorsFile]:
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{root} has no *.safetensors weights")
-    return files
+    return [SafetensorsFile(path) for path in files]
 
 
-def tensor_names(files: list[Path]) -> list[str]:
-    names: list[str] = []
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            names.extend(f.keys())
-    return names
+def tensor_names(files: list[SafetensorsFile]) -> list[str]:
+    return [name for f in files for name in f.keys()]  # noqa: SIM118 (not a dict)
 
 
-def iter_weights(files: list[Path], skip: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of every file, minus ``skip`` and stale rope buffers."""
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if name in skip or name.endswith("rotary_emb.inv_freq"):
-                    continue
-                yield name, f.get_tensor(name)
+def iter_tensors(files: list[SafetensorsFile]) -> Iterator[NamedTensor]:
+    """Every tensor of every file, as read-only views of the mapped files."""
+    for f in files:
+        for name in f.keys():  # noqa: SIM118 (not a dict)
+            yield NamedTensor(name, f.get(name), f.dtype_name(name))
 
 
 def _token(value: Any) -> str | None:

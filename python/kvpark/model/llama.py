@@ -15,12 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpark.model.arch import ModelArch, ModelLoadError
+from kvpark.model.arch import ModelArch
 from kvpark.model.ops import BlockWeight, KVCache, OpSet, Weight
 from kvpark.model.ops.metadata import AttentionMetadata
 from kvpark.model.ops.rope import RopeTable
-from kvpark.model.weight_names import LAYER_NAMES as _LAYER_NAMES
-from kvpark.model.weight_names import LAYER_RE as _LAYER_RE
 from kvpark.model.weight_names import MATRICES as _MATRICES
 
 Tensor = torch.Tensor
@@ -38,7 +36,7 @@ class Block(nn.Module):
         a, hidden, d = arch, arch.hidden_size, arch.head_dim
         self.arch = arch
         self.attn_norm = _param((hidden,), dtype, device)
-        # matrices are Weight: a loader may replace one by its GGUF blocks (finish_loading)
+        # matrices are Weight: the loader may replace one by its GGUF blocks (torch_weights.py)
         self.qkv_w: Weight = _param((a.qkv_size, hidden), dtype, device)  # rows: q, k, v heads
         self.qkv_b = _param((a.qkv_size,), dtype, device) if a.qkv_bias else None
         self.o_w: Weight = _param((hidden, a.n_heads * d), dtype, device)
@@ -83,12 +81,6 @@ class Block(nn.Module):
         return x + ops.linear(F.silu(gate).mul_(up), self.down_w, None)
 
 
-def _use_blocks(module: nn.Module, attr: str, weight: BlockWeight) -> None:
-    """Replace a dense matrix parameter by block weights (freeing the dense tensor)."""
-    module._parameters.pop(attr, None)
-    object.__setattr__(module, attr, weight)
-
-
 class LlamaModel(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -105,91 +97,6 @@ class LlamaModel(nn.Module):
         # they are looked up, bitwise the dense matrix's, and the dense matrix is never built
         # (113 MB for the default model); a tied head multiplies the same blocks
         self.embed_blocks: BlockWeight | None = None
-        self._loaded: set[str] = set()
-        # block matrices as they arrive: (module, attribute) -> {part: blocks}; finish_loading
-        # fuses each once all its parts are in
-        self._blocks: dict[tuple[nn.Module, str], dict[int, tuple[BlockWeight, Tensor]]] = {}
-
-    # ---- loading: loaders stream (Hugging Face name, tensor) pairs in any order ----
-
-    def load_weight(self, name: str, tensor: Tensor | BlockWeight) -> None:
-        """Copy one checkpoint tensor into its (slice of a) parameter, converting dtype, device.
-        A ``BlockWeight`` matrix is kept as blocks (the model then multiplies it with
-        ``block_linear``); anything else given as blocks is dequantised."""
-        if isinstance(tensor, BlockWeight):
-            if self._keep_blocks(name, tensor):
-                return
-            tensor = tensor.dequantize()
-        if name == "rope_freqs":  # a GGUF's llama3 rope scaling, as per-frequency divisors
-            inv_freq = self.arch.inv_freq(freq_factors=tensor)
-            self.rope = RopeTable.build(inv_freq, self.arch.max_position, self.embed.device)
-            return
-        target = self._target(name)
-        if target is None:
-            raise ModelLoadError(f"unexpected tensor {name!r} for a {self.arch.arch} model")
-        if target.shape != tensor.shape:
-            raise ModelLoadError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
-        self._loaded.add(name)
-
-    def _target(self, name: str) -> Tensor | None:
-        a = self.arch
-        if name == "model.embed_tokens.weight":
-            return self.embed.data
-        if name == "model.norm.weight":
-            return self.norm.data
-        if name == "lm_head.weight":
-            head = self.lm_head
-            return None if a.tie_embeddings or isinstance(head, BlockWeight) else head.data
-        m = _LAYER_RE.fullmatch(name)
-        if m is None or int(m.group(1)) >= a.n_layers or m.group(2) not in _LAYER_NAMES:
-            return None
-        attr, part = _LAYER_NAMES[m.group(2)]
-        param: nn.Parameter | None = getattr(self.layers[int(m.group(1))], attr)
-        if param is None or part is None:
-            return None if param is None else param.data
-        if attr == "gate_up_w":
-            sizes = [a.intermediate_size] * 2
-        else:
-            sizes = [a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim]
-        start = sum(sizes[:part])
-        return param.data[start : start + sizes[part]]
-
-    def _keep_blocks(self, name: str, weight: BlockWeight) -> bool:
-        target = self._target(name)
-        if target is None or tuple(target.shape) != weight.shape or self.embed.device.type != "cpu":
-            return False
-        if name == "model.embed_tokens.weight":  # looked up from the blocks; a tied head
-            self.embed_blocks = weight  # multiplies them
-            if self.arch.tie_embeddings:
-                self._blocks[(self, "lm_head")] = {0: (weight, target)}
-        elif name == "lm_head.weight":
-            self._blocks[(self, "lm_head")] = {0: (weight, target)}
-        else:
-            m = _LAYER_RE.fullmatch(name)
-            assert m is not None  # _target matched it
-            attr, part = _LAYER_NAMES[m.group(2)]
-            if attr not in _MATRICES:
-                return False
-            layer = self.layers[int(m.group(1))]
-            self._blocks.setdefault((layer, attr), {})[part or 0] = (weight, target)
-        self._loaded.add(name)
-        return True
-
-    def _fuse_blocks(self) -> None:
-        """Each matrix whose parts all came as blocks of one kind becomes one ``BlockWeight``;
-        one with parts of mixed kinds, or some parts dense, is dequantised into its parameter."""
-        for (module, attr), parts in self._blocks.items():
-            weights = [parts[i][0] for i in sorted(parts)]
-            whole = attr == "lm_head" or len(parts) == _MATRICES[attr]
-            if whole and len({w.kind for w in weights}) == 1:
-                _use_blocks(module, attr, BlockWeight.cat(weights))
-                continue
-            for weight, target in parts.values():
-                target.copy_(weight.dequantize())
-        self._blocks.clear()
 
     def set_block_dot(self, int8: bool) -> None:
         """Multiply every block matrix through int8 activations or float32 ones
@@ -212,27 +119,6 @@ class LlamaModel(nn.Module):
                 weight = getattr(layer, attr)
                 if isinstance(weight, BlockWeight):
                     object.__setattr__(layer, attr, weight.with_dense(dtype))
-
-    def expected_weights(self) -> set[str]:
-        names = {"model.embed_tokens.weight", "model.norm.weight"}
-        if not self.arch.tie_embeddings:
-            names.add("lm_head.weight")
-        for i, layer in enumerate(self.layers):
-            for suffix, (attr, _) in _LAYER_NAMES.items():
-                if getattr(layer, attr) is not None:
-                    names.add(f"model.layers.{i}.{suffix}")
-        return names
-
-    def finish_loading(self) -> None:
-        missing = sorted(self.expected_weights() - self._loaded)
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors: {shown}")
-        self._fuse_blocks()
-        if self.embed_blocks is not None:
-            if self.arch.tie_embeddings and isinstance(self.lm_head, BlockWeight):
-                self.embed_blocks = self.lm_head  # one copy of the blocks for both
-            self.embed = nn.Parameter(self.embed.data.new_empty(0), requires_grad=False)
 
     def embed_rows(self, token_ids: Tensor) -> Tensor:
         """The embeddings of ``token_ids`` [T] -> [T, hidden] in the model's dtype."""

@@ -3,7 +3,7 @@
 A decode step reads every weight once, so on a CPU its time is the bytes it reads: the default
 model's Q4_1 weights are 4.5 bits each, 32 once expanded to float32. ``BlockWeight`` keeps Q4_0,
 Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32), Q4_K and Q5_K repacked
-into the same 32-weight kinds (kquant_blocks.py); ``block_linear`` multiplies them by float32
+into the same 32-weight kinds (model/kquant_repack.py); ``block_linear`` multiplies them by float32
 activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has them), expanding each block
 in registers. The expanded weights are bitwise the dequantised ones, and a row's result does not
 depend on the other rows of the step, so the op is row-invariant and exact mode uses it too.
@@ -107,11 +107,6 @@ class BlockWeight:
 
 
 # GGUF's 32-weight blocks (gguf_blocks.py): the dequantisation's torch side
-def half_at(blocks: Tensor, at: int) -> Tensor:
-    """The f16 at byte ``at`` of every block (uint8 [n, size]), as float32 [n, 1]."""
-    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
-
-
 def nibbles(qs: Tensor) -> Tensor:
     """4-bit quants (uint8 [n, 16]) as float32 [n, 32], in weight order."""
     return torch.cat((qs & 0x0F, qs >> 4), dim=1).float()

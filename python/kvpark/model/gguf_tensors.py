@@ -1,0 +1,106 @@
+"""A GGUF file's tensors read into numpy under Hugging Face names, without torch; the header is
+model/gguf_file.py's.
+
+A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q4_K or Q5_K one repacked into
+them (``blocks``); every other tensor comes dense: F32 and F16 as they are, BF16 as its uint16
+bits, anything quantised dequantised to float32 (Q8_0, Q4_0 and Q4_1 here, bitwise as
+``gguf.quants`` and 5x faster; the rest, Q6_K among them, by ``gguf.quants``). Tensor data is
+memory-mapped and each tensor's pages are released once it is copied, so peak memory stays near
+the size of the weights read.
+
+llama.cpp's converter permutes the rows of Q and K in Llama-family files for its interleaved rope;
+``iter_tensors`` undoes that (the one place that does) so the model runs the NEOX rope of Hugging
+Face checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import numpy.typing as npt
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from kvpark.model.arch import ModelArch, ModelLoadError
+from kvpark.model.gguf_blocks import (
+    BLOCK_TYPES,
+    Blocks,
+    blocks_from_gguf,
+    half_at,
+    nibbles,
+    unpermute_rows,
+)
+from kvpark.model.gguf_file import GgufFile, TensorInfo, hf_name
+from kvpark.model.kquant_repack import KQUANT_TYPES, kquant_blocks
+from kvpark.model.weight_arrays import Dense, Matrix, NamedTensor
+
+Q = GGMLQuantizationType
+U8 = npt.NDArray[np.uint8]
+F32 = npt.NDArray[np.float32]
+KEPT_TYPES = BLOCK_TYPES + KQUANT_TYPES  # the GGML types a matrix can keep as blocks
+
+
+def iter_tensors(g: GgufFile, arch: ModelArch, *, blocks: bool = False) -> Iterator[NamedTensor]:
+    """Every tensor of the file in file order, Q/K rows unpermuted for Llama; with ``blocks``,
+    matrices of ``KEPT_TYPES`` as ``Blocks``."""
+    for info in g.tensors:
+        name = hf_name(info.name)
+        value = read_tensor(g, info, blocks=blocks)
+        heads = permuted_heads(arch, name)
+        if heads:
+            index = unpermute_rows(value.shape[0], heads)
+            value = value.rows(index) if isinstance(value, Blocks) else value[index]
+        yield NamedTensor(name, value, Q(info.qtype).name)
+
+
+def permuted_heads(arch: ModelArch, name: str) -> int:
+    """Heads whose rows llama.cpp permuted in this tensor (Q and K of Llama files), else 0."""
+    if arch.arch != "llama":
+        return 0
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return arch.n_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return arch.n_kv_heads
+    return 0
+
+
+def read_tensor(g: GgufFile, info: TensorInfo, *, blocks: bool = False) -> Matrix:
+    """One tensor in torch layout (ggml's shape reversed), a fresh copy; its pages of the file
+    are released after."""
+    qtype, raw = g.raw(info)
+    value: Matrix
+    if blocks and len(info.shape) == 2 and qtype in KEPT_TYPES:
+        shape = (info.shape[1], info.shape[0])
+        make = blocks_from_gguf if qtype in BLOCK_TYPES else kquant_blocks
+        value = make(qtype, raw, shape)
+    else:
+        value = dense(info, qtype, raw)
+    g.release(info, raw.nbytes)
+    return value
+
+
+_FLOATS: dict[Q, type[np.generic]] = {Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.uint16}
+
+
+def dense(info: TensorInfo, qtype: Q, raw: U8) -> Dense:
+    """A tensor's bytes as a dense array: floats as stored (BF16 as bits), others float32."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    shape = tuple(reversed(info.shape))
+    if qtype in _FLOATS:
+        return raw.view(_FLOATS[qtype]).reshape(shape).copy()  # copy: the mmap is read-only
+    if qtype in DEQUANT:
+        return DEQUANT[qtype](raw.reshape(-1, type_size)).reshape(shape)
+    rows = raw.reshape(-1, info.shape[0] // block * type_size)
+    try:
+        values: Dense = quants.dequantize(rows, qtype)
+    except NotImplementedError as e:
+        raise ModelLoadError(f"{info.name}: cannot dequantise {qtype.name}") from e
+    return values.reshape(shape)
+
+
+# blocks (uint8 [n, bytes]) -> float32 [n, 32]: gguf.quants' arithmetic, one array op at a time
+DEQUANT: dict[Q, Callable[[U8], F32]] = {
+    Q.Q8_0: lambda b: b[:, 2:].view(np.int8).astype(np.float32) * half_at(b, 0),
+    Q.Q4_0: lambda b: (nibbles(b[:, 2:]) - 8) * half_at(b, 0),
+    Q.Q4_1: lambda b: half_at(b, 0) * nibbles(b[:, 4:]) + half_at(b, 2),
+}

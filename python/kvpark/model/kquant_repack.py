@@ -1,0 +1,93 @@
+"""GGUF's K-quant matrices (Q4_K, Q5_K) repacked into the 32-weight ``Blocks`` the Rust kernels
+take, in numpy (the lean CPU runner and the torch model read them alike).
+
+A K-quant super-block holds 256 weights: an f16 ``d`` and ``dmin``, then eight 32-weight
+sub-blocks, each with a 6-bit scale ``sc`` and 6-bit min ``m`` (12 bytes for the 16), and the
+quants. A sub-block's weight is ``(d * sc) * q - (dmin * m)``, which is a 32-block of ours with
+
+    scale  = d * sc        exact in float32: an 11-bit f16 significand times 6 bits
+    offset = -(dmin * m)   exact likewise
+
+and ``scale * q`` is exact too (4 or 5 more bits, at most 22 in all), so the kernels' one rounding
+``fma(scale, q, offset)`` and ``scale * q + offset`` are both the single rounding of
+``gguf.quants``' ``(d * sc) * q - dmin * m``: bitwise the file's dequantised weights.
+
+Q4_K -> kind "q4". The file's 4-bit layout differs from ours::
+
+    Q4_K: 128 bytes per super-block = 4 groups of 32 bytes; byte l of group g holds
+          weight l of sub-block 2g (low nibble) and weight l of sub-block 2g + 1 (high nibble)
+    ours: 16 bytes per 32-block; byte i holds weight i (low nibble) and weight i + 16 (high)
+
+Q5_K -> kind "q8" with an offset: int8 q = 0..31, the fifth bit from ``qh`` (bit g of byte l is
+weight l of sub-block g).
+
+Q6_K stays dense (the loader dequantises it): its scales are per 16 weights, so a 32-block of ours
+would need two; docs/cpu-kernels.md has the reasoning and the measurement.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpark.model.gguf_blocks import BLOCK, Blocks, half_at
+
+QK_K = 256  # weights per super-block
+SUB_BLOCKS = QK_K // BLOCK
+# GGML type ids (gguf.GGMLQuantizationType) of the K-quants kept as blocks, and their sizes
+Q4_K, Q5_K = 12, 13
+KQUANT_TYPES = (Q4_K, Q5_K)
+SUPER_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176}
+_SCALES_AT, _SCALES_END = 4, 16  # the 12 bytes of packed 6-bit scales and mins
+
+U8 = npt.NDArray[np.uint8]
+
+
+def kquant_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
+    """A Q4_K or Q5_K tensor's bytes (uint8, super-blocks in file order; may be a read-only view
+    of the file) and its shape ``[out, in]`` as fresh ``Blocks``, bitwise
+    ``gguf.quants.dequantize`` once dequantised."""
+    out, inp = shape
+    if qtype not in KQUANT_TYPES:
+        raise ValueError(f"GGML type {qtype} is not a K-quant kept as blocks")
+    if inp % QK_K:
+        raise ValueError(f"a {shape} matrix does not split into super-blocks of {QK_K}")
+    n = out * inp // QK_K
+    blocks = raw.reshape(n, SUPER_BLOCK_BYTES[qtype])
+    sc, m = scales_and_mins(blocks[:, _SCALES_AT:_SCALES_END])  # [n, 8] each
+    scale = (half_at(blocks, 0) * sc.astype(np.float32)).reshape(out, -1)  # exact products
+    offset = (-(half_at(blocks, 2) * m.astype(np.float32))).reshape(out, -1)
+    low = _low_nibbles(blocks[:, -QK_K // 2 :])  # [n * 8, 32] uint8, weight order
+    if qtype == Q4_K:
+        qs = (low[:, : BLOCK // 2] | (low[:, BLOCK // 2 :] << 4)).reshape(out, inp // 2)
+        return Blocks("q4", qs, scale, offset)
+    qh = blocks[:, _SCALES_END : _SCALES_END + BLOCK]  # [n, 32]: bit g -> sub-block g
+    bits = np.arange(SUB_BLOCKS, dtype=np.uint8).reshape(1, -1, 1)
+    high = ((qh[:, None, :] >> bits) & 1).reshape(-1, BLOCK)  # [n * 8, 32]
+    q = (low | (high << 4)).view(np.int8).reshape(out, inp)  # 0..31 fits int8
+    return Blocks("q8", q, scale, offset)
+
+
+def scales_and_mins(packed: U8) -> tuple[U8, U8]:
+    """The 12 packed bytes of every super-block (uint8 [n, 12]) as its 8 6-bit scales and 8 6-bit
+    mins (uint8 [n, 8] each). Bytes 0-3 hold scales 0-3 in their low 6 bits, 4-7 mins 0-3; the
+    top 2 bits of those bytes are bits 4-5 of scales / mins 4-7, whose bits 0-3 are the nibbles
+    of bytes 8-11 (scale low, min high)::
+
+        byte 0-3  hhSSSSSS   S: scale j,  hh: scale j + 4 >> 4
+        byte 4-7  hhMMMMMM   M: min j,    hh: min j + 4 >> 4
+        byte 8-11 mmmmssss   s: scale j + 4 & 15,  m: min j + 4 & 15
+    """
+    sc_lo, m_lo, tail = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc_hi = (tail & 0x0F) | ((sc_lo >> 2) & 0x30)
+    m_hi = (tail >> 4) | ((m_lo >> 2) & 0x30)
+    sc = np.concatenate((sc_lo & 0x3F, sc_hi), axis=1)
+    return sc, np.concatenate((m_lo & 0x3F, m_hi), axis=1)
+
+
+def _low_nibbles(qs: U8) -> U8:
+    """Q4_K / Q5_K's 128 bytes of 4-bit quants per super-block (uint8 [n, 128]) as [n * 8, 32]:
+    one row per sub-block, weights in order."""
+    groups = qs.reshape(-1, SUB_BLOCKS // 2, 1, BLOCK)  # [n, 4, 1, 32]
+    shifts = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return np.asarray(((groups >> shifts) & 0x0F).reshape(-1, BLOCK), dtype=np.uint8)

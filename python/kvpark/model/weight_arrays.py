@@ -1,0 +1,78 @@
+"""A model's weights as numpy arrays, read once from its files (numpy_weights.py) for both the
+torch model (torch_weights.py wraps them) and the Rust decoder of the lean CPU runner.
+
+Under Hugging Face names, as the model holds them: Q and K rows unpermuted for Llama GGUFs, Q/K/V
+and gate/up fused (weight_names.py), vectors widened to float32. A matrix is ``Blocks`` (a GGUF's
+Q4_0, Q4_1, Q8_0, or Q4_K / Q5_K repacked; gguf_blocks.py, kquant_repack.py) or a dense array:
+float32 or float16, or bfloat16 as its uint16 bits (numpy has no bfloat16; no checkpoint holds
+uint16 weights, so the dtype says it).
+
+``NumpyWeights[Matrix]`` may hold either; bare ``NumpyWeights`` (``NumpyWeights[Blocks]``) is
+what the decoder runs, every matrix in blocks (numpy_weights.decoder_unfit says why not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import TypeVar
+
+from kvpark.model.arch import ModelArch
+from kvpark.model.gguf_blocks import Blocks
+
+F32 = npt.NDArray[np.float32]
+Dense = npt.NDArray[Any]  # float32, float16, or uint16: bfloat16 bits
+Matrix = Blocks | Dense
+M = TypeVar("M", bound=Matrix, default=Blocks)
+
+
+@dataclass(frozen=True)
+class NamedTensor:
+    """One tensor as a reader gives it: its Hugging Face name, its values (Q/K rows already
+    unpermuted) and its format in the file (a GGML type name, or a safetensors dtype)."""
+
+    name: str
+    value: Matrix
+    fmt: str
+
+
+@dataclass
+class NumpyLayer(Generic[M]):
+    """One layer: its vectors (float32) and its matrices, fused."""
+
+    vectors: dict[str, F32] = field(default_factory=dict)  # attn_norm, qkv_b, o_b, q_norm, ...
+    matrices: dict[str, M] = field(default_factory=dict)  # qkv_w, o_w, gate_up_w, down_w
+
+
+@dataclass
+class NumpyWeights(Generic[M]):
+    arch: ModelArch
+    layers: list[NumpyLayer[M]]
+    embed: M  # the token embedding (looked up from its blocks, where blocks)
+    head: M  # the output matrix; the embedding itself when tied
+    norm: F32
+    rope_freqs: F32 | None  # a GGUF's llama3 rope scaling (per-frequency divisors), if any
+    # why each dense matrix is not in blocks: "layer 0's qkv_w", "the embedding", "the head" ->
+    # the tensor and its format, or the fused parts' kinds
+    dense_why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        arrays: list[Matrix] = [m for layer in self.layers for m in layer.matrices.values()]
+        arrays += [v for layer in self.layers for v in layer.vectors.values()]
+        arrays += [self.embed] + ([] if self.head is self.embed else [self.head])
+        return sum(a.nbytes for a in arrays) + self.norm.nbytes
+
+
+class Unfit(Exception):
+    """The file holds something the decoder's weights cannot (the message says what)."""
+
+
+def widened(a: Dense) -> Dense:
+    """A dense array as float32 where it is bfloat16 bits (exact), else as it is."""
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a

@@ -1,0 +1,164 @@
+"""A checkpoint's tensors (a GGUF's or a Hugging Face directory's, as its reader yields them)
+assembled into ``NumpyWeights``: each tensor put in its layer, the fused matrices joined (Q/K/V,
+gate/up; weight_names.py), vectors widened to float32, every shape checked against the
+architecture. The one fusing code for the torch model and the lean runner.
+
+A fused matrix whose parts are all blocks of one kind stays blocks (``Blocks.cat``); one with a
+dense part, or blocks of two kinds, is dequantised whole (each part as its blocks dequantise),
+and ``dense_why`` records why: what numpy_weights.decoder_unfit reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from kvpark.model.arch import ModelArch, ModelLoadError
+from kvpark.model.gguf_blocks import Blocks
+from kvpark.model.weight_arrays import (
+    F32,
+    Dense,
+    Matrix,
+    NamedTensor,
+    NumpyLayer,
+    NumpyWeights,
+    Unfit,
+    widened,
+)
+from kvpark.model.weight_names import LAYER_NAMES, LAYER_RE, MATRICES
+
+KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q4_K or Q5_K"  # gguf_tensors.KEPT_TYPES, as a message says them
+
+
+def assemble_weights(
+    arch: ModelArch, tensors: Iterable[NamedTensor], where: str, *, strict: bool = False
+) -> NumpyWeights[Matrix]:
+    """The weights of ``arch`` from ``tensors`` (any order); ``where`` names the checkpoint in
+    errors. ``strict``: raise Unfit at the first matrix that is not in blocks (the lean runner's
+    load stops there rather than read the rest for nothing)."""
+    layer_parts: list[dict[str, dict[int, NamedTensor]]] = [{} for _ in range(arch.n_layers)]
+    bias_parts: list[dict[int, F32]] = [{} for _ in range(arch.n_layers)]
+    layers: list[NumpyLayer[Matrix]] = [NumpyLayer() for _ in range(arch.n_layers)]
+    found: dict[str, NamedTensor] = {}
+    norm = rope_freqs = None
+    for t in tensors:
+        name = t.name
+        if name.endswith("rotary_emb.inv_freq"):  # a stale rope buffer of old checkpoints
+            continue
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name == "lm_head.weight" and arch.tie_embeddings:
+                continue  # a tied checkpoint's copy of the head: the embedding is what HF uses
+            if strict and not isinstance(t.value, Blocks):
+                raise Unfit(not_blocks(t))
+            found[name] = t
+            continue
+        if name == "model.norm.weight":
+            norm = vector(t)
+            continue
+        if name == "rope_freqs":
+            rope_freqs = vector(t)
+            continue
+        m = LAYER_RE.fullmatch(name)
+        if m is None or int(m.group(1)) >= arch.n_layers or m.group(2) not in LAYER_NAMES:
+            raise ModelLoadError(f"unexpected tensor {name!r} for a {arch.arch} model")
+        i, (attr, part) = int(m.group(1)), LAYER_NAMES[m.group(2)]
+        if attr in MATRICES:
+            if strict and not isinstance(t.value, Blocks):
+                raise Unfit(not_blocks(t))
+            layer_parts[i].setdefault(attr, {})[part or 0] = t
+        elif attr == "qkv_b":
+            bias_parts[i][part or 0] = vector(t)
+        else:
+            layers[i].vectors[attr] = vector(t)
+    embed = found.get("model.embed_tokens.weight")
+    if embed is None or norm is None:
+        raise ModelLoadError(f"{where}: no token embedding or output norm")
+    head = found.get("lm_head.weight")
+    if head is None and not arch.tie_embeddings:
+        raise ModelLoadError(f"{where}: no output matrix (output.weight, lm_head.weight)")
+    dense_why: dict[str, str] = {}
+    for what, matrix in (("the embedding", embed), ("the head", head)):
+        if matrix is not None and not isinstance(matrix.value, Blocks):
+            dense_why[what] = not_blocks(matrix)
+    for i, layer in enumerate(layers):
+        for attr, n_parts in MATRICES.items():
+            got = layer_parts[i].get(attr, {})
+            if sorted(got) != list(range(n_parts)):
+                raise ModelLoadError(f"{where}: layer {i} lacks parts of {attr}")
+            layer.matrices[attr], why = fused([got[j] for j in range(n_parts)])
+            if why is not None:
+                why = f"layer {i}'s {attr}: {why}"
+                if strict:
+                    raise Unfit(why)
+                dense_why[f"layer {i}'s {attr}"] = why
+        layer_parts[i].clear()  # the parts' memory goes as each layer is fused
+        if bias_parts[i]:
+            layer.vectors["qkv_b"] = np.concatenate([bias_parts[i][j] for j in range(3)])
+    head_value = embed.value if head is None else head.value  # tied: the same object
+    weights = NumpyWeights(arch, layers, embed.value, head_value, norm, rope_freqs, dense_why)
+    check_shapes(weights)
+    return weights
+
+
+def not_blocks(t: NamedTensor) -> str:
+    return f"{t.name} is {t.fmt}, not {KEPT_NAMES} blocks"
+
+
+def fused(parts: list[NamedTensor]) -> tuple[Matrix, str | None]:
+    """The parts' rows in order as one matrix, and why it is not blocks (None where it is)."""
+    values = [p.value for p in parts]
+    blocks = [v for v in values if isinstance(v, Blocks)]
+    if len(blocks) == len(values):
+        try:
+            return (values[0] if len(values) == 1 else Blocks.cat(blocks)), None
+        except ValueError as e:
+            why: str | None = str(e)
+    else:
+        why = not_blocks(next(p for p in parts if not isinstance(p.value, Blocks)))
+    arrays: list[Dense] = [v.dequantize() if isinstance(v, Blocks) else v for v in values]
+    if len(arrays) == 1:
+        return arrays[0], why
+    if len({a.dtype for a in arrays}) > 1:  # float32 holds each exactly: the same bits after
+        arrays = [widened(a).astype(np.float32, copy=False) for a in arrays]
+    return np.concatenate(arrays), why
+
+
+def vector(t: NamedTensor) -> F32:
+    """A 1-D tensor (a norm, a bias, the rope factors) as float32, as the model's parameter."""
+    if isinstance(t.value, Blocks) or t.value.ndim != 1:
+        raise ModelLoadError(f"{t.name} has shape {t.value.shape}, expected a vector")
+    out: F32 = widened(t.value).astype(np.float32, copy=False)
+    return out
+
+
+def check_shapes(w: NumpyWeights[Matrix]) -> None:
+    """The decoder reads raw memory: every array must be the size the architecture says."""
+    a, hidden = w.arch, w.arch.hidden_size
+    want = {
+        "qkv_w": (a.qkv_size, hidden),
+        "o_w": (hidden, a.n_heads * a.head_dim),
+        "gate_up_w": (2 * a.intermediate_size, hidden),
+        "down_w": (hidden, a.intermediate_size),
+    }
+    vectors = {"attn_norm": hidden, "mlp_norm": hidden}
+    vectors |= {"qkv_b": a.qkv_size} if a.qkv_bias else {}
+    vectors |= {"o_b": hidden} if a.o_bias else {}
+    vectors |= {"q_norm": a.head_dim, "k_norm": a.head_dim} if a.qk_norm else {}
+    for i, layer in enumerate(w.layers):
+        for attr, shape in want.items():
+            got = tuple(layer.matrices[attr].shape)
+            if got != shape:
+                raise ModelLoadError(f"layer {i}'s {attr} is {got}, expected {shape}")
+        if set(layer.vectors) != set(vectors):
+            raise ModelLoadError(
+                f"layer {i} has {sorted(layer.vectors)}, expected {sorted(vectors)}"
+            )
+        for attr, size in vectors.items():
+            if layer.vectors[attr].shape != (size,):
+                raise ModelLoadError(f"layer {i}'s {attr} has {layer.vectors[attr].shape} values")
+    for what, m in (("embedding", w.embed), ("head", w.head)):
+        if tuple(m.shape) != (a.vocab_size, hidden):
+            raise ModelLoadError(f"the {what} is {m.shape}, expected {(a.vocab_size, hidden)}")
+    if w.norm.shape != (hidden,):
+        raise ModelLoadError(f"the output norm has {w.norm.shape} values")
