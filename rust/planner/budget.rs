@@ -1,5 +1,5 @@
-//! Swap or recompute, and the park buffers held against `--preempt-ram` (SPEC §5 "How";
-//! original §3.4, §3.7).
+//! How a request is parked (its K/V swapped to a host buffer, or dropped and recomputed on
+//! resume), and the park buffers held against `--preempt-ram`.
 //!
 //! Each slot keeps one park buffer; its capacity is what it holds against the budget, parked
 //! or not. A buffer is busy while its slot holds a swapped state (parked by swap, or a copy in

@@ -1,4 +1,5 @@
-//! Resume (head of line) and rotation (SPEC §5 "Resume"; original §3.5, §3.6).
+//! Resume (head of line) and rotation: which parked request comes back, and when a long wait
+//! earns it the cells of residents.
 //!
 //! Parked requests are tried in the policy's order and only the head is ever tried: a head
 //! that does not fit blocks everyone behind it, so its wait is bounded by the residents ahead

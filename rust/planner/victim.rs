@@ -1,4 +1,5 @@
-//! Pressure parks: who is parked when the step does not fit (SPEC §5 "Who").
+//! Pressure parks: who is parked when the step does not fit (the choice of victims, by the
+//! policy's order and the cells each frees).
 
 use std::cmp::Reverse;
 

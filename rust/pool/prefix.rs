@@ -1,8 +1,8 @@
 //! The prefix cache's calls on [`KvPool`]: registration, prefix hits and the pure queries the
 //! admission check and the planner read.
 //!
-//! The engine's side, in the order it calls them (SPEC §5 "Cached pages";
-//! docs/preemption.md, "Prefix cache: cached pages"):
+//! The engine's side, in the order it calls them (docs/preemption.md, "Prefix cache: cached
+//! pages"):
 //!
 //! 1. **Admit** a new sequence: [`cells_to_admit`](KvPool::cells_to_admit) (pure) says how
 //!    much room it takes after its hit; then `add_sequence`, then

@@ -11,12 +11,14 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use kvpark_cpu_ops::decoder::{self, Dot, KvCells, Layer, Model, Out, Shape, Step, Workspace};
-use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
+use kvpark_cpu_ops::{DenseValues, DenseWeights, Q4Weights, Q8Weights, Weights, BLOCK};
 
 use super::errors::cpu_ops_err;
 
-/// A block matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32) or '8'
-/// (qs [n, k] i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32).
+/// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32) or '8'
+/// (qs [n, k] i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32) in blocks; or dense,
+/// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
+/// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
 #[derive(FromPyObject, Clone, Copy)]
 #[pyo3(from_item_all)]
 struct Matrix {
@@ -85,7 +87,17 @@ unsafe fn maybe<'a>(at: usize, len: usize) -> Option<&'a [f32]> {
 /// The matrix's tensors are live, of the sizes its kind and shape say.
 unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
     let blocks = m.n * m.k / BLOCK;
+    let dense = |values| {
+        Weights::Dense(DenseWeights {
+            values,
+            n: m.n,
+            k: m.k,
+        })
+    };
     match m.kind {
+        'f' => dense(DenseValues::F32(slice(m.qs, m.n * m.k))),
+        'h' => dense(DenseValues::F16(slice(m.qs, m.n * m.k))),
+        'b' => dense(DenseValues::Bf16(slice(m.qs, m.n * m.k))),
         '4' => Weights::Q4(Q4Weights {
             qs: slice(m.qs, m.n * m.k / 2),
             scale: slice(m.scale, blocks),
@@ -104,8 +116,13 @@ unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
 }
 
 fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
-    let fits = m.n == n && m.k == k && k % BLOCK == 0 && m.qs != 0 && m.scale != 0;
-    let kind = m.kind == '8' || (m.kind == '4' && m.offset != 0);
+    let dense = matches!(m.kind, 'f' | 'h' | 'b');
+    let fits = m.n == n && m.k == k && k > 0 && m.qs != 0;
+    let kind = if dense {
+        m.scale == 0 && m.offset == 0
+    } else {
+        k % BLOCK == 0 && m.scale != 0 && (m.kind == '8' || (m.kind == '4' && m.offset != 0))
+    };
     if !fits || !kind {
         return Err(PyValueError::new_err(format!(
             "{name}: a kind {:?} [{}, {}] matrix where [{n}, {k}] is wanted",

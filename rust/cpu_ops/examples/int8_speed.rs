@@ -145,6 +145,7 @@ fn main() {
                 let f32_us = median_us(all.len(), |i| match weights(s, &all[i]) {
                     Weights::Q4(w) => matmul_q4(&x, rows, w, &mut y).unwrap(),
                     Weights::Q8(w) => matmul_q8(&x, rows, w, &mut y).unwrap(),
+                    Weights::Dense(_) => unreachable!("the shapes here are blocks"),
                 });
                 let i8_us = median_us(all.len(), |i| {
                     matmul_i8(&x, rows, weights(s, &all[i]), &mut y, kernel, &mut scratch).unwrap()

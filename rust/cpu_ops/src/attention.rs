@@ -12,6 +12,7 @@ mod tests;
 
 use crate::shape::ShapeError;
 use crate::threads::{parallel, team_size, Output};
+pub(crate) use kv_values::f16_to_f32;
 pub use kv_values::KvValues;
 use kv_values::{F16Plain, F16cRows, InPlace, Rows};
 

@@ -108,6 +108,7 @@ unsafe fn group<const R: usize, const G: usize>(
             };
             group_of::<R, G, _>(x, k, blocks, c, out)
         }
+        Weights::Dense(_) => unreachable!("dense matrices have their own product (dense/)"),
     }
 }
 

@@ -25,6 +25,10 @@
 //! never on the other rows, the row tiling or the thread split (exact mode needs this), and the
 //! SIMD and plain paths give the same bits.
 //!
+//! Dense matrices ([`DenseWeights`]: f32, f16 or bf16 values) have their own product,
+//! [`matmul_dense`], in the same spirit: each weight widened exactly in registers, one fixed
+//! summation order on every path ([`dense`] gives it).
+//!
 //! [`matmul_i8`] is the other route to the same product: the activations are rounded to int8
 //! per block inside the call and multiplied as integers ([`int8`] says how, in what order, and
 //! how far the result may lie from this path's).
@@ -32,6 +36,7 @@
 mod attention;
 mod avx2;
 pub mod decoder;
+pub mod dense;
 pub mod int8;
 pub mod isa;
 mod norm;
@@ -43,12 +48,13 @@ mod tiling;
 mod weights;
 
 pub use attention::{decode_attention, DecodeAttention, KvValues};
+pub use dense::{matmul_dense, DenseKernel};
 pub use int8::{matmul_i8, matmul_q4_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use norm::rms_norm;
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;
-pub use weights::{Q4Weights, Q8Weights, Weights, BLOCK};
+pub use weights::{DenseValues, DenseWeights, Q4Weights, Q8Weights, Weights, BLOCK};
 
 use product::product;
 

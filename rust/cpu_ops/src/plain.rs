@@ -26,6 +26,7 @@ pub(crate) fn expand(w: Weights<'_>, c: usize, b: usize, out: &mut [f32; BLOCK])
                 out[i] = s.mul_add(f32::from(*q), o);
             }
         }
+        Weights::Dense(_) => unreachable!("dense matrices have their own product (dense/)"),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The f32 block product `y = x @ W.T`: each weight block expanded in registers and multiplied
 //! into f32 rows (the crate doc gives its arithmetic), split by output columns over the thread
-//! team.
+//! team. A dense matrix goes to its own product ([`crate::dense`]).
 
+use crate::dense::{matmul_dense, DenseKernel};
 use crate::shape::ShapeError;
 use crate::threads::{parallel, Output};
 use crate::tiling::{COLUMN_CHUNK, COLUMN_GROUP, ROW_TILE};
@@ -17,6 +18,14 @@ pub(crate) fn product(
     y: &mut [f32],
     simd: bool,
 ) -> Result<(), ShapeError> {
+    if let Weights::Dense(d) = w {
+        let kernel = if simd {
+            DenseKernel::best()
+        } else {
+            DenseKernel::Plain
+        };
+        return matmul_dense(x, rows, d, y, kernel);
+    }
     w.check(x, y, rows)?;
     if simd {
         on_team(x, rows, w.k(), w, y);

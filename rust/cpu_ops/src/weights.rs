@@ -1,5 +1,6 @@
-//! The block weight matrices the kernels read ([`Q4Weights`], [`Q8Weights`], either as
-//! [`Weights`]) and the check that their slices and an `x`/`y` pair fit their shapes.
+//! The weight matrices the kernels read: in blocks ([`Q4Weights`], [`Q8Weights`]) or dense
+//! ([`DenseWeights`]: f32, f16 or bf16 values), any of them as [`Weights`]; and the check that
+//! their slices and an `x`/`y` pair fit their shapes.
 
 use crate::shape::{check, ShapeError};
 
@@ -27,11 +28,47 @@ pub struct Q8Weights<'a> {
     pub k: usize,
 }
 
-/// One weight matrix in either format (what [`crate::matmul_i8`] takes).
+/// A dense matrix's `[n, k]` values, row-major: f32; IEEE f16 bits (1 sign, 5 exponent, 10
+/// fraction bits); or bf16 bits (the upper half of an f32's).
+#[derive(Clone, Copy, Debug)]
+pub enum DenseValues<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+    Bf16(&'a [u16]),
+}
+
+/// A dense matrix, as a Hugging Face checkpoint or an F32/F16/BF16 GGUF tensor holds it. Its
+/// products always take f32 activations ([`crate::dense`]): int8 activations are defined only
+/// against blocks, so [`crate::matmul_i8`] refuses it.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseWeights<'a> {
+    pub values: DenseValues<'a>,
+    pub n: usize,
+    /// Any positive count: no block structure.
+    pub k: usize,
+}
+
+impl DenseValues<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            DenseValues::F32(v) => v.len(),
+            DenseValues::F16(v) | DenseValues::Bf16(v) => v.len(),
+        }
+    }
+}
+
+/// One weight matrix in any format (what the decoder's layers hold). A model may mix them.
 #[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
     Q4(Q4Weights<'a>),
     Q8(Q8Weights<'a>),
+    Dense(DenseWeights<'a>),
+}
+
+impl<'a> From<DenseWeights<'a>> for Weights<'a> {
+    fn from(w: DenseWeights<'a>) -> Self {
+        Weights::Dense(w)
+    }
 }
 
 impl<'a> From<Q4Weights<'a>> for Weights<'a> {
@@ -47,13 +84,20 @@ impl<'a> From<Q8Weights<'a>> for Weights<'a> {
 }
 
 fn check_common(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result<(), ShapeError> {
+    if k == 0 {
+        return Err(ShapeError("k = 0".into()));
+    }
+    check("x", x.len(), rows * k)?;
+    check("y", y.len(), rows * n)
+}
+
+fn check_blocks(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result<(), ShapeError> {
     if k == 0 || !k.is_multiple_of(BLOCK) {
         return Err(ShapeError(format!(
             "k = {k} is not a positive multiple of {BLOCK}"
         )));
     }
-    check("x", x.len(), rows * k)?;
-    check("y", y.len(), rows * n)
+    check_common(x, y, rows, n, k)
 }
 
 impl Weights<'_> {
@@ -62,28 +106,35 @@ impl Weights<'_> {
         match self {
             Weights::Q4(w) => w.n,
             Weights::Q8(w) => w.n,
+            Weights::Dense(w) => w.n,
         }
     }
 
-    /// Inputs per column, a multiple of [`BLOCK`].
+    /// Inputs per column, a multiple of [`BLOCK`] for block matrices.
     pub fn k(&self) -> usize {
         match self {
             Weights::Q4(w) => w.k,
             Weights::Q8(w) => w.k,
+            Weights::Dense(w) => w.k,
         }
     }
 
     /// Every slice has the length the shapes say.
     pub(crate) fn check(&self, x: &[f32], y: &[f32], rows: usize) -> Result<(), ShapeError> {
         let (n, k) = (self.n(), self.k());
-        check_common(x, y, rows, n, k)?;
         match self {
+            Weights::Dense(w) => {
+                check_common(x, y, rows, n, k)?;
+                check("values", w.values.len(), n * k)
+            }
             Weights::Q4(w) => {
+                check_blocks(x, y, rows, n, k)?;
                 check("qs", w.qs.len(), n * k / 2)?;
                 check("scale", w.scale.len(), n * k / BLOCK)?;
                 check("offset", w.offset.len(), n * k / BLOCK)
             }
             Weights::Q8(w) => {
+                check_blocks(x, y, rows, n, k)?;
                 check("qs", w.qs.len(), n * k)?;
                 check("scale", w.scale.len(), n * k / BLOCK)?;
                 w.offset

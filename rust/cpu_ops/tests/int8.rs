@@ -104,6 +104,7 @@ fn the_short_forms_are_the_best_kernel() {
         match m.view() {
             Weights::Q4(w) => matmul_q4_i8(&x, 3, w, &mut y).unwrap(),
             Weights::Q8(w) => matmul_q8_i8(&x, 3, w, &mut y).unwrap(),
+            Weights::Dense(_) => unreachable!("support::matrix makes blocks"),
         }
         assert!(y.iter().zip(&want).all(|(a, b)| same(*a, *b)), "{kind:?}");
     }

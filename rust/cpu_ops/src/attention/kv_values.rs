@@ -165,7 +165,7 @@ pub(super) unsafe fn widen_f16c(src: &[u16], dst: &mut [f32]) {
 /// infinities as infinities, and a NaN keeps its sign and payload with the quiet bit set, as
 /// `vcvtph2ps` makes it. Without branches, so that a row's loop vectorises.
 #[inline(always)]
-pub(super) fn f16_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     const REBIAS: u32 = (127 - 15) << 23;
     let sign = u32::from(h & 0x8000) << 16;
     let mag = u32::from(h & 0x7fff) << 13; // exponent and fraction in an f32's places

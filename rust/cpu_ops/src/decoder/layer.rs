@@ -8,7 +8,7 @@ use crate::product::product;
 use crate::shape::ShapeError;
 use crate::weights::Weights;
 
-/// `y = x @ W.T` on the thread team, in the arithmetic `dot` names.
+/// `y = x @ W.T` on the thread team, in the arithmetic `dot` names for block matrices.
 pub(crate) fn matmul(
     dot: Dot,
     x: &[f32],
@@ -17,9 +17,12 @@ pub(crate) fn matmul(
     y: &mut [f32],
     scratch: &mut I8Scratch,
 ) -> Result<(), ShapeError> {
-    match dot {
-        Dot::Int8 => matmul_i8(x, rows, w, y, I8Kernel::best(), scratch),
-        Dot::F32 => product(x, rows, w, y, true),
+    match (dot, w) {
+        (Dot::Int8, Weights::Q4(_) | Weights::Q8(_)) => {
+            matmul_i8(x, rows, w, y, I8Kernel::best(), scratch)
+        }
+        // a dense matrix takes f32 rows whatever the block dot (int8 needs blocks)
+        _ => product(x, rows, w, y, true),
     }
 }
 

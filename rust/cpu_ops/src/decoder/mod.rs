@@ -19,6 +19,7 @@ mod kv;
 mod layer;
 mod silu;
 
+use crate::dense;
 use crate::int8::I8Scratch;
 use crate::norm::rms_norm;
 use crate::shape::ShapeError;
@@ -59,7 +60,8 @@ pub struct Layer<'a> {
     pub down: Weights<'a>,
 }
 
-/// How the products multiply the blocks.
+/// How the products multiply the blocks. Dense matrices ignore it: int8 activations are
+/// defined only against blocks, so their products always take f32 rows ([`crate::dense`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dot {
     /// f32 activations times each block expanded to f32 ([`crate::matmul_q4`]).
@@ -72,7 +74,8 @@ pub enum Dot {
 pub struct Model<'a> {
     pub shape: Shape,
     pub dot: Dot,
-    /// `[vocab, hidden]`: the token embedding in blocks (a tied head's), looked up row by row.
+    /// `[vocab, hidden]`: the token embedding (a tied head's), dense or in blocks, looked up row
+    /// by row.
     pub embed: Weights<'a>,
     pub layers: Vec<Layer<'a>>,
     pub norm: &'a [f32],
@@ -294,10 +297,13 @@ pub fn forward(
     result
 }
 
-/// Row `r` of a block matrix, dequantised bitwise as `BlockWeight.dequantize` does it
+/// Row `r` of a dense matrix widened, or of a block matrix dequantised bitwise as `BlockWeight.dequantize` does it
 /// (`q * scale` for 8-bit blocks, `scale * nibble + offset` for 4-bit ones: the product is
 /// exact, so the one rounding of an FMA is the one rounding of the sum).
 fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
+    if let Weights::Dense(d) = w {
+        return dense::row(d, r, out); // each value widened exactly
+    }
     const B: usize = BLOCK;
     let blocks = w.k() / B;
     for (b, o) in out.chunks_exact_mut(B).enumerate() {
@@ -319,6 +325,7 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
                     o[i + B / 2] = s.mul_add(f32::from(q >> 4), off);
                 }
             }
+            Weights::Dense(_) => unreachable!("looked up above"),
         }
     }
 }

@@ -187,6 +187,7 @@ pub fn matmul_q8_i8(
 /// `y = x @ W.T` through int8 activations on `kernel`, quantising `x` into `scratch` (reused
 /// across calls, so a layer runner allocates nothing per step). Columns are split over the
 /// threads of [`crate::set_threads`]; no split, tiling or kernel changes a bit of the result.
+/// Block weights only: a dense matrix is refused ([`crate::dense`] multiplies it).
 ///
 /// # Panics
 /// If this CPU cannot run `kernel` (it is not in [`I8Kernel::available`]).
@@ -198,6 +199,11 @@ pub fn matmul_i8(
     kernel: I8Kernel,
     scratch: &mut I8Scratch,
 ) -> Result<(), ShapeError> {
+    if let Weights::Dense(_) = w {
+        return Err(ShapeError(
+            "int8 activations are defined only against block weights, not a dense matrix".into(),
+        ));
+    }
     w.check(x, y, rows)?;
     kernel.assert_runs_here();
     scratch.quantise(x, rows, w.k(), kernel)?;

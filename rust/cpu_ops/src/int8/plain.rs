@@ -69,5 +69,6 @@ fn block(w: Weights<'_>, at: usize, xq: &[i8]) -> (f32, f32, i32) {
                 .sum();
             (w.scale[at], w.offset.map_or(0.0, |o| o[at]), isum)
         }
+        Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
     }
 }

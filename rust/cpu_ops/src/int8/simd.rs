@@ -77,6 +77,7 @@ pub(super) unsafe fn columns<D: Dot>(
             let offset = w.offset.map(|o| o.as_ptr());
             columns_of::<D, Q8>(a, f, offset, w.n, cols, y)
         }
+        Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
     }
 }
 

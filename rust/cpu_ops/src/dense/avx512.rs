@@ -1,0 +1,98 @@
+//! The AVX-512 kernel: per row, one 16-lane accumulator (`mod.rs`'s lanes in one vector); each
+//! chunk of 16 weights widened once (`vcvtph2ps` for f16, a zero-extend and shift for bf16) and
+//! multiplied into every row of the tile. With 32 vector registers a whole tile of eight rows
+//! fits at once.
+
+use std::arch::x86_64::*;
+
+use super::format::{Bf16, Format, F16, F32};
+use super::{Lanes, LANES};
+
+/// A format's chunk of 16 values as one vector of f32, widened exactly.
+pub(crate) trait Load: Format {
+    /// # Safety
+    /// `p` points at 16 values; the CPU has AVX-512F.
+    unsafe fn load(p: *const Self::Raw) -> __m512;
+}
+
+impl Load for F32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+}
+
+impl Load for F16 {
+    #[inline(always)]
+    unsafe fn load(p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+impl Load for Bf16 {
+    #[inline(always)]
+    unsafe fn load(p: *const u16) -> __m512 {
+        let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))
+    }
+}
+
+/// As `plain::lanes`, bit for bit.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512F; `x` holds `tile` rows of `k`, `w` `cols` columns.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn lanes<F: Load>(
+    x: &[f32],
+    tile: usize,
+    k: usize,
+    w: &[F::Raw],
+    cols: usize,
+    out: &mut Lanes,
+) {
+    // As in avx2.rs: columns side by side where there are few rows, for independent chains.
+    match (tile, cols) {
+        (1, 4) => group::<1, 4, F>(x, 1, k, w, 0, out),
+        (2, 4) => group::<2, 4, F>(x, 2, k, w, 0, out),
+        (3 | 4, 4) => {
+            group::<4, 2, F>(x, tile, k, w, 0, out);
+            group::<4, 2, F>(x, tile, k, w, 2, out);
+        }
+        (1, _) => (0..cols).for_each(|g| group::<1, 1, F>(x, 1, k, w, g, out)),
+        (2, _) => (0..cols).for_each(|g| group::<2, 1, F>(x, 2, k, w, g, out)),
+        (3 | 4, _) => (0..cols).for_each(|g| group::<4, 1, F>(x, tile, k, w, g, out)),
+        _ => (0..cols).for_each(|g| group::<8, 1, F>(x, tile, k, w, g, out)),
+    }
+}
+
+/// Rows `0..t` (`t <= R`; rows past `t` read row `t - 1` again and are dropped) against
+/// columns `g0..g0 + G`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[inline]
+unsafe fn group<const R: usize, const G: usize, F: Load>(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[F::Raw],
+    g0: usize,
+    out: &mut Lanes,
+) {
+    let chunks = k / LANES;
+    assert!(t >= 1 && t <= R && t * k <= x.len() && (g0 + G) * k <= w.len());
+    let row_at: [usize; R] = std::array::from_fn(|r| r.min(t - 1) * k);
+    let mut acc = [[_mm512_setzero_ps(); R]; G];
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    for ch in 0..chunks {
+        for (g, accs) in acc.iter_mut().enumerate() {
+            let wv = F::load(wp.add((g0 + g) * k + ch * LANES));
+            for (a, at) in accs.iter_mut().zip(row_at) {
+                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(at + ch * LANES)), *a);
+            }
+        }
+    }
+    for (g, accs) in acc.iter().enumerate() {
+        for (r, a) in accs.iter().enumerate().take(t) {
+            _mm512_storeu_ps(out[g0 + g][r].as_mut_ptr(), *a);
+        }
+    }
+}
