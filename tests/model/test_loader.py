@@ -279,3 +279,35 @@ def test_hf_directory_matches_transformers(
         diff = (forward(lm, ids, chunks) - want).abs().max().item()
         print(f"{kind} chunks {chunks}: max |dlogits| {diff:.1e}, logits std {want.std():.2f}")
         assert diff < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_bf16_directory_loads_as_safetensors_reads_it(
+    dtype: torch.dtype, gguf_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """bfloat16 weights are read without torch (as their bits) and reach the model bit for bit:
+    each fused matrix is safetensors' own tensors joined, in the model's dtype."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    hf = save_tiny("qwen2 (qkv bias, tied)", gguf_tokenizer, tmp_path)
+    hf.to(torch.bfloat16).save_pretrained(str(tmp_path))
+    want = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
+    assert want["model.norm.weight"].dtype == torch.bfloat16
+    model = load_model(str(tmp_path), dtype, CPU, progress=False).model
+    fused = {
+        "qkv_w": ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
+        "qkv_b": ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
+        "gate_up_w": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+        "o_w": ["self_attn.o_proj.weight"],
+        "down_w": ["mlp.down_proj.weight"],
+        "attn_norm": ["input_layernorm.weight"],
+        "mlp_norm": ["post_attention_layernorm.weight"],
+    }
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    for i, layer in enumerate(model.layers):
+        for attr, parts in fused.items():
+            expected = torch.cat([want[f"model.layers.{i}.{p}"] for p in parts]).to(dtype)
+            got = getattr(layer, attr).data
+            assert got.dtype == dtype and torch.equal(got.view(bits), expected.view(bits)), attr
+    embed = want["model.embed_tokens.weight"].to(dtype)
+    assert torch.equal(model.embed.data.view(bits), embed.view(bits))
+    assert model.lm_head is model.embed

@@ -99,11 +99,12 @@ def write_tiny(
     w.close()
 
 
-def torch_model(path: Path, blocks: bool = True) -> LlamaModel:
+def torch_model(path: Path, blocks: bool = True, dtype: torch.dtype = torch.float32) -> LlamaModel:
     """The torch model over the file as load_model builds it (the tiny files carry no
-    tokenizer): blocks kept (or not), float32."""
-    weights = read_gguf(GgufFile(str(path)), blocks=blocks)
-    return torch_model_over(weights, torch.float32, torch.device("cpu"))
+    tokenizer): blocks kept (or not), float32 unless told."""
+    dense_dtype = str(dtype).removeprefix("torch.")
+    weights = read_gguf(GgufFile(str(path)), blocks=blocks, dense_dtype=dense_dtype)
+    return torch_model_over(weights, dtype, torch.device("cpu"))
 
 
 def reference(path: Path) -> dict[str, np.ndarray]:
@@ -225,6 +226,16 @@ def test_the_dense_torch_model_holds_what_gguf_reads(tmp_path: Path, variant: st
     for i, block in enumerate(model.layers):  # dense: bit for bit, the zeros' signs included
         got = block.qkv_w.detach().numpy()  # type: ignore[union-attr]
         assert got.tobytes() == want[f"model.layers.{i}.qkv_w"].tobytes()
+    for dtype in (torch.bfloat16, torch.float16):  # rounded as torch rounds a float32 copy
+        small = torch_model(path, blocks=False, dtype=dtype)
+        for i, block in enumerate(small.layers):
+            for attr in ("qkv_w", "gate_up_w", "attn_norm"):
+                rounded = torch.from_numpy(np.asarray(dequantised(getattr(model.layers[i], attr))))
+                got_t = getattr(block, attr).detach()
+                assert got_t.dtype == dtype and torch.equal(
+                    got_t.view(torch.int16), rounded.to(dtype).view(torch.int16)
+                ), (dtype, attr)
+        assert torch.equal(small.rope.cos, model.rope.cos)  # the rope factors kept their bits
 
 
 K_QUANT_FILES = {

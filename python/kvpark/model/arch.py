@@ -1,6 +1,6 @@
 """The shape of a Llama-family model: everything the forward pass needs to know besides its weights.
 
-One frozen :class:`ModelArch` per loaded model, read from GGUF metadata (``gguf_loader.py``) or
+One frozen :class:`ModelArch` per loaded model, read from GGUF metadata (``gguf_file.py``) or
 from a Hugging Face ``config.json`` (``hf_loader.py``). The variants differ only in flags: Qwen2
 adds a bias to the Q/K/V projections, Qwen3 normalises Q and K per head before rope.
 """

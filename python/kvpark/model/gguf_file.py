@@ -1,6 +1,6 @@
 """A GGUF file's header, parsed over a memory map: metadata, architecture, tensor directory and
 each tensor's bytes, with no torch (the CPU server loads its weights without it,
-runner/lean_weights.py; model/gguf_loader.py turns the bytes into torch tensors).
+runner/lean_runner.py; model/gguf_tensors.py turns the bytes into numpy arrays).
 
 The header is parsed here with ``struct`` rather than ``gguf.GGUFReader``: the reader builds a numpy
 view per token and per merge (98k of them for SmolLM2), which took 2-6 s of a load; this parser
@@ -221,7 +221,7 @@ _LAYER_NAMES = {
 
 
 def hf_name(gguf_name: str) -> str:
-    """llama.cpp's tensor name -> the Hugging Face name ``LlamaModel.load_weight`` takes."""
+    """llama.cpp's tensor name -> the Hugging Face name the weights are assembled under."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")

@@ -32,7 +32,7 @@ from kvpark.model.gguf_blocks import (
 )
 from kvpark.model.gguf_file import GgufFile, TensorInfo, hf_name
 from kvpark.model.kquant_repack import KQUANT_TYPES, kquant_blocks
-from kvpark.model.weight_arrays import Dense, Matrix, NamedTensor
+from kvpark.model.weight_arrays import Dense, Matrix, NamedTensor, converted
 
 Q = GGMLQuantizationType
 U8 = npt.NDArray[np.uint8]
@@ -40,12 +40,17 @@ F32 = npt.NDArray[np.float32]
 KEPT_TYPES = BLOCK_TYPES + KQUANT_TYPES  # the GGML types a matrix can keep as blocks
 
 
-def iter_tensors(g: GgufFile, arch: ModelArch, *, blocks: bool = False) -> Iterator[NamedTensor]:
+def iter_tensors(
+    g: GgufFile, arch: ModelArch, *, blocks: bool = False, dense_dtype: str | None = None
+) -> Iterator[NamedTensor]:
     """Every tensor of the file in file order, Q/K rows unpermuted for Llama; with ``blocks``,
-    matrices of ``KEPT_TYPES`` as ``Blocks``."""
+    matrices of ``KEPT_TYPES`` as ``Blocks``; dense ones in ``dense_dtype`` where given
+    (weight_arrays.converted)."""
     for info in g.tensors:
         name = hf_name(info.name)
         value = read_tensor(g, info, blocks=blocks)
+        if not isinstance(value, Blocks):
+            value = converted(value, dense_dtype)
         heads = permuted_heads(arch, name)
         if heads:
             index = unpermute_rows(value.shape[0], heads)

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpark.model.arch import ModelArch, ModelLoadError, RopeScaling
 from kvpark.model.safetensors_file import SafetensorsFile
-from kvpark.model.weight_arrays import NamedTensor
+from kvpark.model.weight_arrays import NamedTensor, converted
 from kvpark.tokenizer.tokenizer import Tokenizer
 
 # config.json model_type -> our variant. Mistral is a Llama (its sliding window is handled below).
@@ -112,11 +112,14 @@ def tensor_names(files: list[SafetensorsFile]) -> list[str]:
     return [name for f in files for name in f.keys()]  # noqa: SIM118 (not a dict)
 
 
-def iter_tensors(files: list[SafetensorsFile]) -> Iterator[NamedTensor]:
-    """Every tensor of every file, as read-only views of the mapped files."""
+def iter_tensors(
+    files: list[SafetensorsFile], dense_dtype: str | None = None
+) -> Iterator[NamedTensor]:
+    """Every tensor of every file: in ``dense_dtype`` where given (weight_arrays.converted),
+    read-only views of the mapped files where that is their own."""
     for f in files:
         for name in f.keys():  # noqa: SIM118 (not a dict)
-            yield NamedTensor(name, f.get(name), f.dtype_name(name))
+            yield NamedTensor(name, converted(f.get(name), dense_dtype), f.dtype_name(name))
 
 
 def _token(value: Any) -> str | None:

@@ -33,6 +33,9 @@ __all__ = [
 ]
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # weight_arrays.DENSE_DTYPES
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     model: LlamaModel
@@ -57,7 +60,10 @@ def load_model(
     """
     start = time.perf_counter()
     weights, tokenizer, name = read_model(
-        path or default_model_path(), blocks=blocks and device.type == "cpu", progress=progress
+        path or default_model_path(),
+        blocks=blocks and device.type == "cpu",
+        progress=progress,
+        dense_dtype=str(dtype).removeprefix("torch.") if dtype in _DTYPES else None,
     )
     model = torch_model(weights, dtype, device)
     del weights  # what the model does not share is freed here, before the heap is handed back

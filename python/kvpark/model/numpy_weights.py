@@ -63,43 +63,53 @@ def decoder_unfit(w: NumpyWeights[Matrix]) -> str | None:
 
 
 def read_gguf(
-    g: GgufFile, *, blocks: bool, strict: bool = False, progress: bool = False
+    g: GgufFile,
+    *,
+    blocks: bool,
+    strict: bool = False,
+    progress: bool = False,
+    dense_dtype: str | None = None,
 ) -> NumpyWeights[Matrix]:
     """Every tensor of ``g``; ``blocks``: matrices of the kept types as ``Blocks`` (else dense),
-    ``strict``: Unfit at the first matrix that is not."""
+    ``strict``: Unfit at the first matrix that is not; ``dense_dtype``: dense tensors stored in
+    the model's dtype as they are read (weight_arrays.converted; vectors are float32 whatever)."""
     arch = arch_from_gguf(g)
-    tensors = iter_tensors(g, arch, blocks=blocks)
+    tensors = iter_tensors(g, arch, blocks=blocks, dense_dtype=dense_dtype)
     shown = _bar(tensors, len(g.tensors), progress, Path(g.path).name)
     return assemble_weights(arch, shown, g.path, strict=strict)
 
 
 def read_model(
-    path: str, *, blocks: bool = False, progress: bool = False
+    path: str, *, blocks: bool = False, progress: bool = False, dense_dtype: str | None = None
 ) -> tuple[NumpyWeights[Matrix], Tokenizer, str]:
     """A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json): its
     weights, tokenizer and name (what /v1/models reports). ``blocks``: a GGUF's Q4_0, Q4_1,
-    Q8_0, Q4_K and Q5_K matrices kept as ``Blocks``; everything else is dense."""
+    Q8_0, Q4_K and Q5_K matrices kept as ``Blocks``; everything else is dense, in
+    ``dense_dtype`` where given."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"model path {path} does not exist")
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{path} is a directory without config.json")
-        return _read_hf(p, progress)
+        return _read_hf(p, progress, dense_dtype)
     if is_gguf(p):
         g = GgufFile(path)
-        return read_gguf(g, blocks=blocks, progress=progress), gguf_tokenizer(g.metadata), p.name
+        weights = read_gguf(g, blocks=blocks, progress=progress, dense_dtype=dense_dtype)
+        return weights, gguf_tokenizer(g.metadata), p.name
     raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
 
 
-def _read_hf(root: Path, progress: bool) -> tuple[NumpyWeights[Matrix], Tokenizer, str]:
+def _read_hf(
+    root: Path, progress: bool, dense_dtype: str | None
+) -> tuple[NumpyWeights[Matrix], Tokenizer, str]:
     cfg = hf_loader.read_json(root / "config.json")
     hf_loader.variant(cfg)  # an unsupported architecture is the clearest error: check it first
     files = hf_loader.safetensor_files(root)
     names = hf_loader.tensor_names(files)
     arch = hf_loader.arch_from_config(cfg, has_lm_head="lm_head.weight" in names)
     tokenizer = hf_loader.tokenizer_from_dir(root, cfg)
-    tensors = _bar(hf_loader.iter_tensors(files), len(names), progress, root.name)
+    tensors = _bar(hf_loader.iter_tensors(files, dense_dtype), len(names), progress, root.name)
     return assemble_weights(arch, tensors, str(root)), tokenizer, root.name
 
 

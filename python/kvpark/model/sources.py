@@ -40,7 +40,7 @@ def load_tokenizer(path: str | None = None) -> Tokenizer:
     path = path or default_model_path()
     p = Path(path)
     if p.is_dir() and (p / "config.json").is_file():
-        from kvpark.model import hf_loader  # torch (safetensors): a Hugging Face directory only
+        from kvpark.model import hf_loader  # a Hugging Face directory only
 
         return hf_loader.tokenizer_from_dir(p, hf_loader.read_json(p / "config.json"))
     if p.is_file() and is_gguf(p):

@@ -76,3 +76,28 @@ def widened(a: Dense) -> Dense:
     if a.dtype == np.uint16:
         return (a.astype(np.uint32) << 16).view(np.float32)
     return a
+
+
+DENSE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def converted(a: Dense, dtype: str | None) -> Dense:
+    """A dense array in the model's ``dtype`` (one of DENSE_DTYPES; None: as it is), rounded as
+    torch rounds a copy into a parameter of that dtype: to nearest, ties to even, by way of
+    float32 (which holds float16 and bfloat16 values exactly). So a reader can store each tensor
+    at the model's size as it goes, rather than all of them in float32 first. Vectors stay as
+    read: they are small, and the rope factors are no parameter (float64 arithmetic reads them)."""
+    if (
+        dtype is None
+        or a.ndim < 2
+        or a.dtype == {"float32": np.float32, "float16": np.float16}.get(dtype)
+    ):
+        return a
+    if dtype == "bfloat16":
+        if a.dtype == np.uint16:
+            return a
+        bits = a.astype(np.float32).view(np.uint32)
+        rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+        out: Dense = np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
+        return out
+    return widened(a).astype(np.float32 if dtype == "float32" else np.float16)

@@ -1,9 +1,9 @@
 """Rotary position embedding, NEOX style: dimension i rotates with dimension i + head_dim / 2.
 
 Hugging Face checkpoints use this layout; GGUF files of the Llama family store Q and K rows permuted
-for llama.cpp's interleaved rope, and ``gguf_loader.py`` undoes that at load so that one rope serves
-every model. The cos/sin table is built once per model in float64 (then stored in fp32); a step
-looks up its rows once and every layer reuses them.
+for llama.cpp's interleaved rope, and ``gguf_tensors.py`` undoes that at load so that one rope
+serves every model. The cos/sin table is built once per model in float64 (then stored in fp32); a
+step looks up its rows once and every layer reuses them.
 """
 
 from __future__ import annotations
