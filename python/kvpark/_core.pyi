@@ -461,7 +461,7 @@ def _cpu_features() -> tuple[dict[str, bool | str], dict[str, bool | str]]:
     """
 
 class _Matrix(TypedDict):
-    kind: str  # "4" (q4) or "8" (q8)
+    kind: str  # "4" (q4), "8" (q8); dense: "f" (f32), "h" (f16), "b" (bf16 bits), qs its values
     qs: int
     scale: int
     offset: int

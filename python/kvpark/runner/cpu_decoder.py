@@ -8,7 +8,7 @@ unmoved for the decoder's life; ``DecoderInputs.keep`` holds them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +23,31 @@ if TYPE_CHECKING:
     from kvpark._core import _LayerSpec, _Matrix
 
 Array = npt.NDArray[np.generic]
+DenseKind = Literal["f32", "f16", "bf16"]
+# each dense kind: the numpy dtype that holds its values, and the decoder's kind letter
+_DENSE: dict[str, tuple[type[np.generic], str]] = {
+    "f32": (np.float32, "f"),
+    "f16": (np.float16, "h"),
+    "bf16": (np.uint16, "b"),
+}
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A dense matrix ``[out, in]`` for the decoder (a safetensors or F32/F16/BF16 GGUF tensor):
+    ``kind`` "f32" (float32 values), "f16" (float16) or "bf16" (its bits as uint16, the upper
+    half of each float32's). Its products take float32 activations whatever the block dot."""
+
+    data: Array
+    kind: DenseKind
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, k = self.data.shape
+        return n, k
+
+
+Matrix = Blocks | Dense
 
 
 @dataclass
@@ -30,11 +55,11 @@ class DecoderLayer:
     """One layer's arrays: vectors float32 (None where the model has none), K/V cells."""
 
     attn_norm: Array
-    qkv: Blocks
-    o: Blocks
+    qkv: Matrix
+    o: Matrix
     mlp_norm: Array
-    gate_up: Blocks
-    down: Blocks
+    gate_up: Matrix
+    down: Matrix
     k_cells: Array
     v_cells: Array
     qkv_bias: Array | None = None
@@ -56,7 +81,21 @@ class DecoderInputs:
         self.keep.append(a)
         return int(a.ctypes.data)
 
-    def matrix(self, w: Blocks) -> _Matrix:
+    def matrix(self, w: Matrix) -> _Matrix:
+        """A matrix as the decoder takes it: blocks by their arrays, a dense one by its values."""
+        if isinstance(w, Dense):
+            dtype, letter = _DENSE[w.kind]
+            if w.data.ndim != 2:
+                raise ValueError(f"a dense matrix is 2-D, not {w.data.shape}")
+            n, k = w.shape
+            return {
+                "kind": letter,
+                "qs": self.addr(w.data, dtype),
+                "scale": 0,
+                "offset": 0,
+                "n": n,
+                "k": k,
+            }
         n, k = w.shape
         return {
             "kind": w.kind[1],
@@ -71,9 +110,9 @@ class DecoderInputs:
 def build_decoder(
     arch: ModelArch,
     layers: list[DecoderLayer],
-    embed: Blocks,
+    embed: Matrix,
     norm: Array,
-    head: Blocks,
+    head: Matrix,
     rope: tuple[Array, Array],
     pool_dtype: str,
     int8: bool,
