@@ -2,7 +2,7 @@
 page tables and occupancy queries, and the preemption planner (the crate ``kvpark-core``, compiled
 as ``kvpark._core``, re-exported here with names for its string values).
 
-Vocabulary (SPEC §1): a *cell* holds one token's K and V in every layer; a *page* is ``page_size``
+Vocabulary: a *cell* holds one token's K and V in every layer; a *page* is ``page_size``
 consecutive cells, the unit of allocation; a sequence's *page table* lists its pages in logical
 order, so its position ``q`` lives in cell ``table[q // page_size] * page_size + q % page_size``
 (:func:`cells_of`). A runner stores K/V per cell; the pool only decides which cells are whose.
@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from kvpark._core import Action, KvPool, Planner, PoolFullError, RequestView, round_up_buffer
+from kvpark.config.layers import PreemptPolicy
 
 __all__ = [
     "Action",
@@ -64,9 +65,10 @@ __all__ = [
     "round_up_buffer",
 ]
 
-Policy = Literal["fcfs", "cost"]
-"""``Planner(policy=...)``: ``fcfs`` parks the newest running request and resumes the oldest parked
-first; ``cost`` parks the one whose pages cover the shortfall with the fewest cells."""
+Policy = PreemptPolicy
+"""``Planner(policy=...)``: one of ``kvpark.config.layers.PREEMPT_POLICIES`` (``fcfs`` parks the
+newest running request and resumes the oldest parked first; ``cost`` parks the one whose pages
+cover the shortfall with the fewest cells)."""
 ParkMode = Literal["swap", "recompute"]
 """How a request is parked: its cells copied to host memory, or dropped and its tokens replayed."""
 ViewState = Literal["running", "parked", "parking", "restoring"]

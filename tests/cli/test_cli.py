@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from kvpark.cli import main as cli
-from kvpark.cli.flags import engine_config, server_config
+from kvpark.cli.flags import engine_config
+from kvpark.cli.server_flags import server_config
 from kvpark.config import env
 
 

@@ -1,12 +1,12 @@
 """The architecture as tests: the layers of docs/architecture.md hold, imports run in no circle (in
 Python or in the Rust core), and the rooms that promise no torch load none.
 
-Python: every runtime import inside ``python/kvpark`` (type-only imports under ``TYPE_CHECKING``
-load nothing and may name any layer's types) goes from a room to itself or to a room its entry in
-:data:`ALLOWED` names; and the module-level imports (those that run when a module is imported,
-not inside a function) form no cycle. Rust: the ``use crate::`` paths between the core crate's
-top-level modules form no cycle, ``page_table`` is a leaf, and pyo3 appears only under
-``rust/py/``.
+Python: every import inside ``python/kvpark`` -- at module level, deferred into a function, or
+type-only under ``TYPE_CHECKING`` -- goes from a room to itself or to a room its entry in
+:data:`ALLOWED` names; and those same imports, all of them, form no cycle among rooms or among
+modules, so that no circle hides behind a deferred or a type-only import. Rust: the ``use
+crate::`` paths between the core crate's top-level modules form no cycle, ``page_table`` is a leaf,
+and pyo3 appears only under ``rust/py/``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ import pytest
 
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 PACKAGE = REPO / "python" / "kvpark"
-ROOT = "kvpark"  # the package's __init__ (and __main__): its own room
-# room -> the rooms it may import at run time (besides itself); the lowest rooms first
+ROOT = "kvpark"  # the package's __init__: the public API, loaded lazily
+MAIN = "__main__"  # python -m kvpark: above the command line it starts
+# room -> the rooms it may import (besides itself), at module level, deferred or type-only; the
+# lowest rooms first
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "_core": set(),
-    "core": {"_core"},
+    "core": {"_core", "config"},  # the preemption policies' names are config's
     "tokenizer": {"config"},
     "sampling": {"tokenizer", "config"},  # grammar masks are built over the served tokenizer
     "model": {"tokenizer", "config", "_core", "kernels"},
@@ -40,13 +42,26 @@ ALLOWED: dict[str, set[str]] = {
     },
     "server": {"engine", "sampling", "tokenizer", "config"},
     "bench": {"config"},
+    # the public API names what it loads lazily (by the module's name, and for type checkers)
+    ROOT: {"engine", "runner", "model", "sampling", "sched", "tokenizer", "config"},
     "cli": {
-        "server", "bench", "engine", "runner", "sampling", "tokenizer", "config", "_core", ROOT,
+        ROOT, "server", "bench", "engine", "runner", "sampling", "tokenizer", "config", "_core",
     },
-    ROOT: {"config", "cli"},
+    MAIN: {"cli"},
 }  # fmt: skip
-# modules written against the public API on purpose (docs/custom-runners.md includes it)
+# modules written against the public API on purpose (docs/custom-runners.md includes it): outside
+# code that lives in the tree, so each is a room of its own in the rooms' circle check
 PUBLIC_API_EXAMPLES = {"kvpark.runner.echo_runner": {ROOT, "core", "config", "sched"}}
+# Module-level circles known today, each broken only by a type-only import: the edges the modules'
+# circle check leaves out. To be removed: their owners move the shared types down.
+KNOWN_CIRCLE_EDGES = {
+    # to be removed: Routes (server/app.py) named by the route modules app.py imports
+    ("kvpark.server.pipeline", "kvpark.server.app"),
+    ("kvpark.server.messages_api", "kvpark.server.app"),
+    ("kvpark.server.responses_api", "kvpark.server.app"),
+    # to be removed: BenchOptions (bench/scenarios.py) named by multiturn.py, which it imports
+    ("kvpark.bench.multiturn", "kvpark.bench.scenarios"),
+}
 
 
 def module_name(path: Path) -> str:
@@ -61,57 +76,105 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imports(path: Path, known: dict[str, Path]) -> Iterator[tuple[str, bool]]:
-    """(imported kvpark module, at module level) for every runtime import in ``path``."""
+def imports(path: Path, known: dict[str, Path]) -> Iterator[tuple[str, str]]:
+    """(imported kvpark module, how) for every import in ``path``, how being ``module`` (runs when
+    the module is imported), ``deferred`` (inside a function) or ``type-only`` (under
+    ``TYPE_CHECKING``)."""
     if path.suffix == ".pyi":
         return
 
-    def walk(node: ast.AST, top: bool) -> Iterator[tuple[str, bool]]:
+    def walk(node: ast.AST, how: str) -> Iterator[tuple[str, str]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for stmt in child.body:
+                    yield from walk_one(stmt, "type-only")
                 for stmt in child.orelse:
-                    yield from walk_one(stmt, top)
+                    yield from walk_one(stmt, how)
                 continue
-            yield from walk_one(child, top)
+            yield from walk_one(child, how)
 
-    def walk_one(node: ast.AST, top: bool) -> Iterator[tuple[str, bool]]:
+    def walk_one(node: ast.AST, how: str) -> Iterator[tuple[str, str]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name, top
+                yield alias.name, how
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
-                yield (full if full in known else node.module), top
+                yield (full if full in known else node.module), how
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            yield from walk(node, False)
+            yield from walk(node, "type-only" if how == "type-only" else "deferred")
         else:
-            yield from walk(node, top)
+            yield from walk(node, how)
 
-    for name, top in walk(ast.parse(path.read_text()), True):
+    for name, how in walk(ast.parse(path.read_text()), "module"):
         if name == ROOT or name.startswith(ROOT + "."):
-            yield name, top
+            yield name, how
 
 
 def room(module: str) -> str:
     parts = module.split(".")
-    return ROOT if len(parts) == 1 or parts[1] == "__main__" else parts[1]
+    if len(parts) > 1 and parts[1] == MAIN:
+        return MAIN
+    return ROOT if len(parts) == 1 else parts[1]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, every kind of import counted."""
+    known = modules()
+    return {
+        name: {t for t, _ in imports(path, known) if t in known and t != name}
+        for name, path in known.items()
+    }
 
 
 def test_every_import_follows_the_layers() -> None:
     known = modules()
-    wrong = []
+    wrong = set()
     for name, path in sorted(known.items()):
         allowed = ALLOWED[room(name)] | PUBLIC_API_EXAMPLES.get(name, set())
-        for target, _ in imports(path, known):
+        for target, how in imports(path, known):
             if room(target) != room(name) and room(target) not in allowed:
-                wrong.append(f"{name} imports {target}")
-    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+                wrong.add(f"{name} imports {target} ({how})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_checker_counts_every_kind_of_import(tmp_path: Path) -> None:
+    """The control of :func:`imports`: it sees a type-only import and a deferred one, as such."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import kvpark.config.env\n"
+        "if TYPE_CHECKING:\n"
+        "    from kvpark.engine.outputs import Events\n"
+        "def later() -> None:\n"
+        "    from kvpark.sched import plan\n"
+    )
+    known = {"kvpark.config.env": source, "kvpark.sched.plan": source}
+    assert sorted(imports(source, known)) == [
+        ("kvpark.config.env", "module"),
+        ("kvpark.engine.outputs", "type-only"),
+        ("kvpark.sched.plan", "deferred"),
+    ]
 
 
 def test_every_room_is_listed_and_the_layers_form_no_circle() -> None:
     rooms = {room(m) for m in modules()} | {"kernels"}
     assert rooms - {"kernels"} <= set(ALLOWED), f"rooms without a rule: {rooms - set(ALLOWED)}"
-    assert_acyclic({r: deps - {r} for r, deps in ALLOWED.items() if r != ROOT}, "rooms")
+    assert_acyclic({r: deps - {r} for r, deps in ALLOWED.items()}, "rooms")
+
+
+def test_the_rooms_imports_form_no_circle() -> None:
+    """Over the imports themselves, not the table: every kind of import is an edge."""
+
+    def room_of(module: str) -> str:
+        return module if module in PUBLIC_API_EXAMPLES else room(module)
+
+    graph: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        graph.setdefault(room_of(name), set()).update(
+            room_of(t) for t in targets if room_of(t) != room_of(name)
+        )
+    assert_acyclic(graph, "rooms")
 
 
 def assert_acyclic(graph: dict[str, set[str]], what: str) -> None:
@@ -135,11 +198,11 @@ def assert_acyclic(graph: dict[str, set[str]], what: str) -> None:
             visit(node)
 
 
-def test_module_level_imports_form_no_circle() -> None:
-    known = modules()
+def test_the_modules_imports_form_no_circle() -> None:
+    """Module-level, deferred and type-only imports alike: a circle may not hide behind any."""
     graph = {
-        name: {t for t, top in imports(path, known) if top and t in known and t != name}
-        for name, path in known.items()
+        name: {t for t in targets if (name, t) not in KNOWN_CIRCLE_EDGES}
+        for name, targets in import_graph().items()
     }
     assert_acyclic(graph, "modules")
 

@@ -1,4 +1,4 @@
-"""Exact mode end to end on the real default model (SPEC §6): a probe request's tokens and logprobs
+"""Exact mode end to end on the real default model: a probe request's tokens and logprobs
 are bit-identical alone, beside 1-7 random neighbours started at random steps, under any prompt
 chunking, across forced swap and recompute parks, and as one of n choices sharing a prompt.
 

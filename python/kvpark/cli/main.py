@@ -3,8 +3,9 @@
 Every flag of ``serve`` (and the engine flags of ``generate``) can also come from ``KVPARK_<NAME>``
 (``--kv-cells`` -> ``KVPARK_KV_CELLS``); the command line wins. A bad flag or variable exits with
 status 2 and says what is wrong, before anything is loaded. The flags themselves are in
-``flags.py`` (their values: ``values.py``). ``kvpark serve MODEL`` is ``kvpark serve --model
-MODEL``; ``kvpark --version`` prints the installed version.
+``flags.py`` (the engine's), ``server_flags.py`` and ``model_flags.py`` (their values:
+``values.py``). ``kvpark serve MODEL`` is ``kvpark serve --model MODEL``; ``kvpark --version``
+prints the installed version.
 """
 
 from __future__ import annotations
@@ -17,14 +18,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvpark.cli.flags import (
-    add_chat_template_flag,
-    add_engine_flags,
-    add_model_positional,
-    add_server_flags,
-    engine_config,
-    server_config,
-)
+from kvpark.cli.flags import add_engine_flags, engine_config
+from kvpark.cli.model_flags import add_chat_template_flag, add_model_positional
+from kvpark.cli.server_flags import add_server_flags, server_config
 from kvpark.cli.values import HelpFormatter, apply_env, int_at_least
 from kvpark.config import env
 from kvpark.config.layers import EngineConfig

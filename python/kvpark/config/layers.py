@@ -8,6 +8,7 @@ keyword arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 # Every spelling --dtype (and ModelConfig.dtype) takes, to its canonical name: the one table of
 # dtype names (the runner maps a canonical name to torch's dtype of the same name)
@@ -20,6 +21,13 @@ DTYPE_NAMES = {
     "float16": "float16",
     "fp16": "float16",
 }
+PreemptPolicy = Literal["fcfs", "cost"]
+"""The preemption planner's victim choices, the one table of their names on the Python side (the
+Rust planner parses the same ones): ``fcfs`` parks the newest running request and resumes the
+oldest parked first; ``cost`` parks the one whose pages cover the shortfall with the fewest
+cells."""
+PREEMPT_POLICIES: tuple[PreemptPolicy, ...] = get_args(PreemptPolicy)
+DEFAULT_PREEMPT_POLICY: PreemptPolicy = "fcfs"
 DEFAULT_KV_CELLS = 16384
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_PARALLEL = 16
@@ -44,7 +52,7 @@ class ModelConfig:
     # the KV pool's cells on the CPU: auto (bfloat16, cpu_paths.py) | float32 | bfloat16 | float16,
     # or f32 | bf16 | f16 (cpu_paths.KV_DTYPE_NAMES)
     kv_dtype: str = "auto"
-    exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside (SPEC §6)
+    exact: bool = False  # row-invariant ops: outputs bit-identical whatever runs beside
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (CUDA, Triton ops only)
     # auto | lean (the CPU decoder, no torch) | native (the decoder over the torch model) | torch,
     # or "module:factory" of a custom runner, called with the EngineConfig
@@ -71,7 +79,7 @@ class SchedulerConfig:
     max_waiting: int = 1024  # requests queued beyond the slots before new ones get 503
     preempt_ram_mib: int = 2048  # -1: no limit; 0: every park recomputes
     preempt: bool = True
-    preempt_policy: str = "fcfs"  # fcfs | cost
+    preempt_policy: PreemptPolicy = DEFAULT_PREEMPT_POLICY
     preempt_async: bool = True
 
 

@@ -28,7 +28,6 @@ import collections
 import contextlib
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -36,9 +35,11 @@ from dataclasses import replace
 from typing import Any
 
 from kvpark.config.layers import EngineConfig
+from kvpark.engine.add_batches import AddBatches
 from kvpark.engine.embeddings import EmbedJob, check_embedding, embed_member
 from kvpark.engine.llm_engine import LLMEngine, RequestRejected
 from kvpark.engine.outputs import ErrorEvent, FinishedEvent, QueuedEvent, StreamEvent
+from kvpark.engine.props import describe_props
 from kvpark.engine.slots import describe_slots
 from kvpark.engine.stats import EngineStats
 from kvpark.runner.protocol import Runner, RunnerFactory
@@ -50,7 +51,6 @@ IDLE_WAIT_S = 0.5
 
 _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
 _Delivery = tuple["asyncio.Queue[list[StreamEvent]]", list[StreamEvent]]
-_Add = tuple[str, list[int], SamplingParams]
 
 
 def device_type(config: EngineConfig) -> str:
@@ -77,8 +77,7 @@ class AsyncEngine:
         self._slots: list[dict[str, object]] = []
         self._queued: dict[str, int] = {}  # request id -> place in the wait queue (published)
         self._announced: set[str] = set()  # waiting requests told so (engine thread only)
-        self._adds: dict[asyncio.AbstractEventLoop, list[_Add]] = {}  # this tick's adds, per loop
-        self._adds_lock = threading.Lock()
+        self._adds = AddBatches(lambda batch: self._post("add", batch))  # one item per tick
         self._embeds: collections.deque[EmbedJob] = collections.deque()  # engine thread only
 
     # ----------------------------------------------------------------- lifecycle
@@ -137,7 +136,7 @@ class AsyncEngine:
         if request_id in self._streams:
             raise RequestRejected(f"duplicate request id {request_id!r}")
         self._streams[request_id] = (loop, events)
-        self._post_add(loop, (request_id, list(prompt_ids), params))
+        self._adds.hold(loop, (request_id, list(prompt_ids), params))
         done = False
         try:
             while not done:
@@ -166,37 +165,12 @@ class AsyncEngine:
         return await future
 
     def abort(self, request_id: str) -> None:
-        self._flush_adds(None)  # an add still held back must reach the engine before its abort
+        self._adds.flush(None)  # an add still held back must reach the engine before its abort
         self._post("abort", request_id)
 
     def _post(self, kind: str, payload: Any) -> None:
         self._inbox.put((kind, payload))
         self._wake.set()
-
-    def _post_add(self, loop: asyncio.AbstractEventLoop, add: _Add) -> None:
-        """Hold the add back until the end of this loop tick, then post the tick's adds at once.
-
-        The prompts of one HTTP request start in the same tick: posted as one inbox item, they are
-        admitted together, so a full queue refuses the whole request before any prompt streams.
-        """
-        with self._adds_lock:
-            held = self._adds.setdefault(loop, [])
-            held.append(add)
-            first = len(held) == 1
-        if first:
-            loop.call_soon(self._flush_adds, loop)
-
-    def _flush_adds(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """Post the held adds of ``loop`` (None: of every loop)."""
-        with self._adds_lock:
-            if loop is None:
-                batches = list(self._adds.values())
-                self._adds.clear()
-            else:
-                batches = [self._adds.pop(loop, [])]
-        for batch in batches:
-            if batch:
-                self._post("add", batch)
 
     # ----------------------------------------------------------------- read-only views
     def slots(self) -> list[dict[str, object]]:
@@ -208,51 +182,7 @@ class AsyncEngine:
         return self._queued.get(request_id)
 
     def props(self) -> dict[str, object]:
-        s = self.config.scheduler
-        cached = self.stats().kv_cells_cached
-        return {
-            "model": self.model_name if self.ready else None,
-            "max_model_len": self.max_model_len if self.ready else None,
-            "pool": {
-                "kv_cells": self.config.pool.kv_cells,
-                "page_size": self.config.pool.page_size,
-                "parallel": s.parallel,
-            },
-            # true only when exact mode runs: asked for, and a row-invariant runner doing it
-            "exact": self.ready and self.config.model.exact and self.engine.runner.row_invariant,
-            # the CPU paths the built-in runner chose (docs/cpu-kernels.md); null on CUDA or
-            # for a custom runner
-            "cpu": self._cpu_paths(),
-            # full pages kept after their last holder, found again by later prompts
-            # (docs/preemption.md "Prefix cache"); counts as of the last step
-            "prefix_cache": {
-                "enabled": self.config.pool.prefix_cache,
-                "cells_cached": cached,
-                "pages_cached": cached // self.config.pool.page_size,
-            },
-            "preempt": {
-                "enabled": s.preempt,
-                "ram_mib": s.preempt_ram_mib,
-                "policy": s.preempt_policy,
-                "async": self.ready
-                and self.engine.preemption is not None
-                and self.engine.preemption.asynchronous,
-                "notices": True,
-                "granularity": self.config.pool.page_size,
-            },
-        }
-
-    def _cpu_paths(self) -> dict[str, object] | None:
-        runner = self.engine.runner if self.ready else None
-        describe = getattr(getattr(runner, "cpu_paths", None), "describe", None)
-        if not callable(describe):
-            return None
-        shown: dict[str, object] = describe()
-        shown["runner"] = getattr(runner, "runner_kind", None)  # lean, native or torch
-        # whether this process holds torch (~360 MiB resident): not with the lean runner until an
-        # embedding request loads the torch model (runner/lean_runner.py)
-        shown["torch"] = "torch" in sys.modules
-        return shown
+        return describe_props(self.config, self._engine if self.ready else None, self.stats())
 
     def stats(self) -> EngineStats:
         if self._engine is None:

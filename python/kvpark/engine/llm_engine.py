@@ -11,47 +11,24 @@ import hashlib
 import random
 import time
 
-import numpy as np
-
 from kvpark._core import PoolFullError
 from kvpark.config.env import Knobs
 from kvpark.config.layers import EngineConfig
-from kvpark.engine.outputs import (
-    Events,
-    FinishedEvent,
-    StreamEvent,
-    TokenEvent,
-    TokenLogprob,
-)
+from kvpark.engine.choices import Choices
+from kvpark.engine.outputs import Events, FinishedEvent, StreamEvent
+from kvpark.engine.request_checks import RequestRejected as RequestRejected
+from kvpark.engine.request_checks import check_request
 from kvpark.engine.stats import EngineStats, Observations
 from kvpark.preempt.buffers import Parking
 from kvpark.preempt.copies import make_transfers
 from kvpark.preempt.preemption import Preemption
 from kvpark.runner.protocol import Runner, RunnerFactory, build_runner
-from kvpark.sampling.grammar import DEAD_END, GrammarCompiler, GrammarState
-from kvpark.sampling.params import InvalidParameterError, SamplingParams
-from kvpark.sampling.sampler import NO_TOKEN, Generator, SampleRow, make_generator, sample_rows
+from kvpark.sampling.grammar import DEAD_END, GrammarCompiler
+from kvpark.sampling.params import SamplingParams
+from kvpark.sampling.sampler import NO_TOKEN, sample_rows
 from kvpark.sched.plan import StepPlan
-from kvpark.sched.request import Request, Sequence
+from kvpark.sched.request import Request
 from kvpark.sched.scheduler import CONTEXT_ERROR, Scheduler
-from kvpark.tokenizer.text_stream import TextStream
-
-
-class RequestRejected(Exception):
-    """A request refused before it runs; ``code`` is the HTTP status to answer with."""
-
-    def __init__(
-        self,
-        message: str,
-        code: int = 400,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
-        self.kind = kind
 
 
 def prefix_cache_salt(config: EngineConfig, model_name: str) -> int:
@@ -91,13 +68,8 @@ class LLMEngine:
         self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
         self.observations = Observations()
         self._requests: dict[str, Request] = {}
-        self._text: dict[tuple[str, int], TextStream] = {}
-        self._generators: dict[tuple[str, int], Generator] = {}
-        # per choice, beside its generator: where it stands in its grammar (structured output).
-        # Advanced only in _emit, on tokens drawn and emitted: a recompute replay samples nothing
-        # and a swap park touches no sampler state, so a park leaves the constrained output as is.
-        self._grammar: dict[tuple[str, int], GrammarState] = {}
         self.grammars = GrammarCompiler(self.tokenizer)
+        self.choices = Choices(self.tokenizer, self.grammars, self.vocab_size, self.max_model_len)
         self._seed_source = random.Random(config.seed)
         self._arrivals = 0
         self.preemption: Preemption | None = None
@@ -113,58 +85,18 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- admission
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise :class:`RequestRejected` for anything that would make this request fail later.
-
-        Any thread may call it: it reads only the request and the config. Whether the wait queue
-        has room is :meth:`add_request`'s question.
-        """
-        if not prompt_ids:
-            raise RequestRejected("the prompt is empty", param="prompt")
-        if any(
-            not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size
-            for t in prompt_ids
-        ):
-            raise RequestRejected(
-                f"invalid tokens: ids must be in [0, {self.vocab_size})", param="prompt"
-            )
-        try:
-            params.validate(self.vocab_size)
-            self._check_constraint(params)
-        except InvalidParameterError as e:
-            raise RequestRejected(str(e), param=e.param) from None
-        wanted = len(prompt_ids) + params.max_tokens
-        if wanted > self.max_model_len:
-            raise RequestRejected(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {wanted} tokens ({len(prompt_ids)} in the prompt, {params.max_tokens} "
-                "for the completion). Please reduce the prompt or the completion length.",
-                param="max_tokens",
-                kind="exceed_context_size_error",
-            )
-        if params.n > self.config.scheduler.parallel:
-            raise RequestRejected(
-                f"n must be at most {self.config.scheduler.parallel} (--parallel)", param="n"
-            )
-
-    def _check_constraint(self, params: SamplingParams) -> None:
-        """Compile the constraint (cached) and refuse one that allows no first token: the prompt's
-        draw forks into the n choices, so the first token must exist for every choice."""
-        c = params.constraint
-        if c is None:
-            return
-        allowed = self.grammars.state(c).allowed(self.vocab_size)
-        if not allowed.any():
-            raise InvalidParameterError("the constraint allows no output at all", c.param)
-        banned = self._min_tokens_ban(params) if params.min_tokens > 0 else ()
-        if banned and not np.delete(allowed, banned).any():
-            raise InvalidParameterError(
-                "min_tokens cannot be met: the constraint allows only its end", "min_tokens"
-            )
-
-    def _min_tokens_ban(self, params: SamplingParams) -> tuple[int, ...]:
-        """What min_tokens masks: the tokens that would end the choice (EOS unless ignored)."""
-        eos = () if params.ignore_eos else tuple(sorted(self.tokenizer.eos_ids))
-        return tuple(sorted({*eos, *params.stop_token_ids}))
+        """Raise :class:`RequestRejected` for anything that would make this request fail later
+        (engine/request_checks.py). Any thread may call it; whether the wait queue has room is
+        :meth:`add_request`'s question."""
+        check_request(
+            prompt_ids,
+            params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            parallel=self.config.scheduler.parallel,
+            grammars=self.grammars,
+            eos_ids=self.tokenizer.eos_ids,
+        )
 
     def add_request(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams
@@ -177,7 +109,7 @@ class LLMEngine:
         """
         if request_id in self._requests:
             raise RequestRejected(f"duplicate request id {request_id!r}")
-        if self._wait_queue_full(params.n):
+        if self.scheduler.wait_queue_full(params.n):
             raise RequestRejected(
                 "the server is busy: the wait queue is full", code=503, kind="unavailable_error"
             )
@@ -185,33 +117,9 @@ class LLMEngine:
         self._arrivals += 1
         req = Request(request_id, list(prompt_ids), params, seed, key=self._arrivals)
         self._requests[request_id] = req
-        for j in range(params.n):
-            self._generators[(request_id, j)] = make_generator(seed, j)
-            if params.constraint is not None:  # every choice starts at the grammar's start
-                self._grammar[(request_id, j)] = self.grammars.state(params.constraint)
-            self._text[(request_id, j)] = TextStream(
-                self.tokenizer, req.prompt_ids, params.stop, params.skip_special_tokens
-            )
+        self.choices.open(req)
         self.scheduler.add(req)
         return req
-
-    def _wait_queue_full(self, n: int) -> bool:
-        """Whether a new request of ``n`` choices would queue past ``--max-waiting`` requests.
-
-        Only requests that no free slot will take count as queued ("beyond the slots"): FIFO
-        admission hands the free slots to the head of the queue at the next step, so a burst at an
-        idle server is let in up to ``parallel + max_waiting`` requests, however the engine thread
-        happened to interleave it with steps.
-        """
-        s = self.scheduler
-        free = s.free_slot_count - s._slots_promised()
-        queued = 0
-        for wants in [*(req.params.n for req in s.waiting), n]:
-            if queued == 0 and wants <= free:
-                free -= wants
-            else:
-                queued += 1  # nobody passes a head that lacks slots: the rest queue behind it
-        return queued > self.config.scheduler.max_waiting
 
     def abort(self, request_id: str) -> bool:
         req = self._requests.get(request_id)
@@ -253,7 +161,7 @@ class LLMEngine:
         for item in sampled:
             req, seq = self.scheduler.by_seq[item.seq_id]
             choices = range(req.params.n) if len(req.sequences) < req.params.n else [seq.index]
-            rows.append(self._sample_row(req, seq, choices))
+            rows.append(self.choices.sample_row(req, seq, choices))
         draws = sample_rows(logits, rows) if rows else []
         for item in plan.items:
             _, seq = self.scheduler.by_seq[item.seq_id]
@@ -263,7 +171,8 @@ class LLMEngine:
         for item, drawn in zip(sampled, draws, strict=True):
             req, seq = self.scheduler.by_seq[item.seq_id]
             if drawn[0][0] == NO_TOKEN:  # the masks left nothing: the choice ends here
-                events.add(req.request_id, self._dead_end(req, seq))
+                self.scheduler.finish_sequence(seq, DEAD_END)
+                events.add(req.request_id, self.choices.dead_end(req, seq))
                 if req.finished:
                     events.add(req.request_id, self._finish(req, now))
                 continue
@@ -280,31 +189,13 @@ class LLMEngine:
                 targets = [(seq, drawn[0])]
             self._on_first_or_next_token(req, now)
             for s, (token, logprob) in targets:
-                events.add(req.request_id, self._emit(req, s, token, logprob))
+                self.stats.generated_tokens_total += 1
+                event = self.choices.emit(req, s, token, logprob)
+                if event.finish_reason is not None:
+                    self.scheduler.finish_sequence(s, event.finish_reason)
+                events.add(req.request_id, event)
             if req.finished:
                 events.add(req.request_id, self._finish(req, now))
-
-    def _sample_row(self, req: Request, seq: Sequence, choices: range | list[int]) -> SampleRow:
-        p = req.params
-        allowed = None
-        state = self._grammar.get((req.request_id, choices[0]))
-        if state is not None:  # before a fork every choice is at the start: one mask serves all
-            allowed = state.allowed(self.vocab_size)
-        banned = self._min_tokens_ban(p) if seq.num_output < p.min_tokens else ()
-        return SampleRow(
-            p,
-            [self._generators[(req.request_id, j)] for j in choices],
-            seq.output_ids,
-            req.prompt_ids,
-            allowed,
-            banned,
-        )
-
-    def _dead_end(self, req: Request, seq: Sequence) -> TokenEvent:
-        """No token is allowed and the grammar is not complete (or min_tokens forbids its end)."""
-        self.scheduler.finish_sequence(seq, DEAD_END)
-        text = self._text[(req.request_id, seq.index)].finish()
-        return TokenEvent(seq.index, text, [], None, DEAD_END)
 
     def _on_first_or_next_token(self, req: Request, now: float) -> None:
         if req.park.replaying:  # the replay has caught up: the rotation clock starts now
@@ -317,46 +208,6 @@ class LLMEngine:
         elif req.last_token_time is not None:
             self.observations.add("inter_token_latency_seconds", now - req.last_token_time)
         req.last_token_time = now
-
-    def _emit(
-        self, req: Request, seq: Sequence, token: int, logprob: TokenLogprob | None
-    ) -> TokenEvent:
-        self.stats.generated_tokens_total += 1
-        p = req.params
-        text_stream = self._text[(req.request_id, seq.index)]
-        reason: str | None = None
-        grammar_end = self._advance_grammar(req, seq, token)
-        if (token in self.tokenizer.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            reason = "stop"
-            text = text_stream.finish()
-        else:
-            text, stopped = text_stream.push(token)
-            if stopped:
-                reason = "stop"
-            elif grammar_end is not None:
-                reason = grammar_end
-                text += text_stream.finish()
-            elif seq.num_output >= p.max_tokens or len(seq.tokens) >= self.max_model_len:
-                reason = "length"
-                text += text_stream.finish()
-        if reason is not None:
-            self.scheduler.finish_sequence(seq, reason)
-        return TokenEvent(
-            seq.index, text, [token], [logprob] if logprob is not None else None, reason
-        )
-
-    def _advance_grammar(self, req: Request, seq: Sequence, token: int) -> str | None:
-        """Commit an emitted token to the choice's grammar; the finish reason it implies: "stop"
-        when the grammar is complete (once min_tokens are out: before that, its end is masked and
-        the next draw finds a dead end), the dead end when it refused the token."""
-        state = self._grammar.get((req.request_id, seq.index))
-        if state is None:
-            return None
-        if not state.advance(token):
-            return DEAD_END
-        if state.complete and seq.num_output >= req.params.min_tokens:
-            return "stop"
-        return None
 
     def _finish(self, req: Request, now: float) -> FinishedEvent:
         self._drop(req)
@@ -383,10 +234,7 @@ class LLMEngine:
         if self.preemption is not None:  # after the release, so the gauges see it gone
             self.preemption.forget(req)
         self._requests.pop(req.request_id, None)
-        for j in range(req.params.n):
-            self._text.pop((req.request_id, j), None)
-            self._generators.pop((req.request_id, j), None)
-            self._grammar.pop((req.request_id, j), None)
+        self.choices.close(req)
 
     def _refresh_gauges(self) -> None:
         """Every gauge, in one place: after each step and each abort."""

@@ -27,7 +27,7 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class NoticeEvent:
-    """A park or resume of the request (issue 3): ``kind`` is preempted, resumed or recomputed."""
+    """A park or resume of the request: ``kind`` is preempted, resumed or recomputed."""
 
     kind: str
     index: int = 0
@@ -35,7 +35,7 @@ class NoticeEvent:
 
 @dataclass(frozen=True)
 class QueuedEvent:
-    """The request waits in the engine's queue for a slot or for room (issue 10).
+    """The request waits in the engine's queue for a slot or for room.
 
     ``position`` is its 1-based place in the wait queue when it was first found waiting; the
     current place is ``AsyncEngine.queue_position(request_id)`` until it leaves the queue.
@@ -81,7 +81,7 @@ class Events:
         self.by_request.setdefault(request_id, []).append(event)
 
     def notice(self, request_id: str, kind: str) -> None:
-        """A park notice: ``preempted``, ``resumed`` or ``recomputed`` (SPEC §3.4)."""
+        """A park notice: ``preempted``, ``resumed`` or ``recomputed``."""
         self.add(request_id, NoticeEvent(kind))
 
     def fail(self, request_id: str, message: str, kind: str = "server_error") -> None:

@@ -23,24 +23,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from kvpark.preempt.copies import HostBuffer, SyncTransfers, Transfer, Transfers, restores_from_cell
+from kvpark.preempt.copies import restores_from_cell
+from kvpark.preempt.sync_copies import SyncTransfers
+from kvpark.preempt.transfer import CellCopier, HostBuffer, Transfer, Transfers
 
 log = logging.getLogger("kvpark.preempt.buffers")
-
-
-class CellCopier(Protocol):
-    """What parking needs from a runner (the parking members of ``kvpark.Runner``): copy cells out
-    to a host tensor and back."""
-
-    def bytes_per_cell(self) -> int: ...
-
-    def host_buffer(self, n_bytes: int) -> HostBuffer: ...
-
-    def save_cells(self, cells: list[int], out: HostBuffer) -> None: ...
-
-    def restore_cells(self, src: HostBuffer, cells: list[int]) -> None: ...
 
 
 @dataclass

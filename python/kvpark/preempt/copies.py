@@ -1,5 +1,6 @@
 """Copies of a parked sequence's cells between the KV pool and its slot's host buffer, and the
-handle by which a copy in flight is known.
+handle by which a copy in flight is known (its pieces: ``transfer.py``), and which way of copying
+parking gets (``make_transfers``).
 
 ::
 
@@ -26,94 +27,14 @@ dtype, layer l's K at row 2l and its V at row 2l + 1, cells in logical order.
 from __future__ import annotations
 
 import inspect
-import logging
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from kvpark.preempt.sync_copies import SyncTransfers
+from kvpark.preempt.transfer import CellCopier, Transfers
+from kvpark.preempt.transfer import Transfer as Transfer  # named here by tests/support/preempt.py
 
 if TYPE_CHECKING:
     from kvpark.model.ops.kv_cache import KVCache
-    from kvpark.preempt.buffers import CellCopier
-
-# A host buffer a runner's ``host_buffer`` made: a numpy array or a torch tensor (torch is
-# imported only by the CUDA copies, preempt/cuda_copies.py: the CPU server runs without it)
-HostBuffer = Any
-
-log = logging.getLogger("kvpark.preempt.buffers")
-PROBE_BYTES = 1 << 20  # pinned at start to learn whether this host can pin at all
-
-
-class Transfer(Protocol):
-    """A copy that may still be in flight."""
-
-    def done(self) -> bool:
-        """True once the copy has landed; never blocks."""
-        ...
-
-    def wait(self) -> None:
-        """Block until the copy has landed."""
-        ...
-
-
-class Landed:
-    """A copy that finished before its handle was returned."""
-
-    def done(self) -> bool:
-        return True
-
-    def wait(self) -> None:
-        return None
-
-
-LANDED = Landed()
-
-
-class Transfers(Protocol):
-    """How parking copies cells: synchronously, or with the copy in flight beside the decode."""
-
-    @property
-    def asynchronous(self) -> bool:
-        """Whether a copy through a buffer that ``overlaps`` can still be in flight on return."""
-        ...
-
-    def host_buffer(self, n_bytes: int) -> HostBuffer:
-        """A host buffer of at least ``n_bytes``; MemoryError or RuntimeError when refused."""
-        ...
-
-    def overlaps(self, buf: HostBuffer) -> bool:
-        """Whether a copy through ``buf`` can run beside the decode (pinned memory on CUDA)."""
-        ...
-
-    def save(self, cells: list[int], out: HostBuffer) -> Transfer: ...
-
-    def restore(self, src: HostBuffer, cells: list[int], first: int = 0) -> Transfer:
-        """Copy the saved state's cells ``first..`` into ``cells[first:]`` (``first`` > 0 only
-        where the runner's ``restore_cells`` takes it: ``restores_from_cell``)."""
-        ...
-
-
-class SyncTransfers:
-    """Every copy at once, through the runner's ``save_cells`` / ``restore_cells``."""
-
-    asynchronous = False
-
-    def __init__(self, copier: CellCopier) -> None:
-        self._copier = copier
-
-    def host_buffer(self, n_bytes: int) -> HostBuffer:
-        return self._copier.host_buffer(n_bytes)
-
-    def overlaps(self, buf: HostBuffer) -> bool:
-        return False
-
-    def save(self, cells: list[int], out: HostBuffer) -> Transfer:
-        self._copier.save_cells(cells, out)
-        return LANDED
-
-    def restore(self, src: HostBuffer, cells: list[int], first: int = 0) -> Transfer:
-        if first:
-            self._copier.restore_cells(src, cells, first=first)  # type: ignore[call-arg]
-        else:
-            self._copier.restore_cells(src, cells)
-        return LANDED
 
 
 @runtime_checkable

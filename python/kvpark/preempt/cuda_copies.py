@@ -5,17 +5,15 @@ only for a CUDA pool (the CPU server runs without torch)."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvpark.model.ops.kv_cache import KVCache
-from kvpark.preempt.copies import PROBE_BYTES, SyncTransfers, Transfer
-
-if TYPE_CHECKING:
-    from kvpark.preempt.buffers import CellCopier
+from kvpark.preempt.sync_copies import SyncTransfers
+from kvpark.preempt.transfer import CellCopier, Transfer
 
 log = logging.getLogger("kvpark.preempt.buffers")
+PROBE_BYTES = 1 << 20  # pinned at start to learn whether this host can pin at all
 
 
 class CudaTransfer:

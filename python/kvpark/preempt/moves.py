@@ -20,16 +20,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from kvpark._core import PoolFullError
 from kvpark.preempt.buffers import Parking
+from kvpark.preempt.reports import LatencySamples, ParkCounters, ParkNotices
 from kvpark.sched.request import ParkMode, Request, RequestState
 from kvpark.sched.scheduler import Scheduler
-
-if TYPE_CHECKING:  # types only: preemption writes into the engine's events and counters
-    from kvpark.engine.outputs import Events
-    from kvpark.engine.stats import EngineStats, Observations
 
 log = logging.getLogger("kvpark.preempt")
 MIB = 2**20
@@ -40,8 +36,8 @@ class ParkMoves:
         self,
         scheduler: Scheduler,
         parking: Parking,
-        stats: EngineStats,
-        observations: Observations,
+        stats: ParkCounters,
+        observations: LatencySamples,
     ) -> None:
         self.scheduler = scheduler
         self.parking = parking
@@ -51,7 +47,7 @@ class ParkMoves:
     def parks_in_flight(self) -> bool:
         return any(r.state is RequestState.PARKING for r in self.scheduler.transferring)
 
-    def land(self, events: Events, wait_parks: bool = False) -> None:
+    def land(self, events: ParkNotices, wait_parks: bool = False) -> None:
         """Advance the requests whose copy has landed (polled once per step, before planning): a
         park frees its cells, a restore goes back into the steps and says so. ``wait_parks``:
         block until every park copy has landed (restores are left alone)."""
@@ -75,7 +71,9 @@ class ParkMoves:
         if req.park.buffer_slot is not None:
             self.parking.wait(req.park.buffer_slot)
 
-    def park(self, req: Request, mode: ParkMode, capacity: int, events: Events, now: float) -> None:
+    def park(
+        self, req: Request, mode: ParkMode, capacity: int, events: ParkNotices, now: float
+    ) -> None:
         seq = req.sequences[0]
         slot = self.scheduler.slot_of[seq.seq_id]
         n_cells = seq.num_computed
@@ -135,7 +133,7 @@ class ParkMoves:
             req.parks,
         )
 
-    def resume(self, req: Request, events: Events, now: float) -> None:
+    def resume(self, req: Request, events: ParkNotices, now: float) -> None:
         seq = req.sequences[0]
         req.park.copy_started = time.perf_counter()
         reuse = self.parking.restores_from_cell
@@ -156,7 +154,7 @@ class ParkMoves:
                 return
         self._resumed(req, events, now)
 
-    def _resumed(self, req: Request, events: Events, now: float) -> None:
+    def _resumed(self, req: Request, events: ParkNotices, now: float) -> None:
         """It can be scheduled again: the copy back has landed, or there was none to wait for."""
         seq = req.sequences[0]
         mode = req.park.mode

@@ -20,26 +20,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from kvpark._core import Action, Planner, RequestView
 from kvpark.config.env import Knobs
-from kvpark.config.layers import SchedulerConfig
+from kvpark.config.layers import DEFAULT_PREEMPT_POLICY, PREEMPT_POLICIES, SchedulerConfig
 from kvpark.preempt.buffers import Parking
 from kvpark.preempt.moves import ParkMoves
+from kvpark.preempt.reports import LatencySamples, ParkCounters, ParkNotices
 from kvpark.sched.plan import StepPlan
 from kvpark.sched.request import ParkMode, Request, RequestState
 from kvpark.sched.scheduler import CONTEXT_ERROR, Scheduler, StepOutcome, rows_wanted
-
-if TYPE_CHECKING:  # types only: preemption writes into the engine's events and counters
-    from kvpark.engine.outputs import Events
-    from kvpark.engine.stats import EngineStats, Observations
 
 log = logging.getLogger("kvpark.preempt")
 MIB = 2**20
 MARGIN_CELLS = 8  # headroom the planner keeps free (rounded up to a page)
 # An async park frees its cells only when its copy lands, so it must start early enough to leave
-# room for the steps in between: this many rows of runway per running request (original §3.2).
+# room for the steps in between: this many rows of runway per running request.
 ASYNC_RUNWAY_STEPS = 8
 MAX_RELIEF_ROUNDS = 8  # parks tried when a step's decodes do not fit (one victim per round)
 
@@ -50,8 +47,8 @@ class Preemption:
         config: SchedulerConfig,
         scheduler: Scheduler,
         parking: Parking,
-        stats: EngineStats,
-        observations: Observations,
+        stats: ParkCounters,
+        observations: LatencySamples,
         knobs: Knobs,
     ) -> None:
         self.config = config
@@ -72,7 +69,7 @@ class Preemption:
         return self.parking.asynchronous
 
     def fit_step(
-        self, events: Events, drop: Callable[[Request], None]
+        self, events: ParkNotices, drop: Callable[[Request], None]
     ) -> tuple[StepPlan, StepOutcome]:
         """Make this step fit: the one owner of the schedule <-> relieve rounds. Parks and resumes
         first (every request is at a token boundary), then the batch; while its decodes lack
@@ -95,7 +92,7 @@ class Preemption:
             plan, outcome = self.scheduler.schedule(rows=rows)
         return plan, outcome
 
-    def _before_step(self, events: Events) -> None:
+    def _before_step(self, events: ParkNotices) -> None:
         self.moves.land(events)
         now = time.monotonic()
         actions = self._plan(now)
@@ -108,7 +105,7 @@ class Preemption:
         if self.knobs.preempt_every > 0:  # after the plan: a forced park sits out at least one step
             self._park_on_schedule(events, now)
 
-    def _relieve(self, shortfall: int, events: Events, rows: dict[int, int]) -> bool:
+    def _relieve(self, shortfall: int, events: ParkNotices, rows: dict[int, int]) -> bool:
         """A step's decodes lack ``shortfall`` cells: park victims. False when nobody can go."""
         if self.moves.parks_in_flight():  # their cells are what the step lacks
             self.moves.land(events, wait_parks=True)
@@ -141,10 +138,13 @@ class Preemption:
             )
         planner = self._planners.get(margin)
         if planner is None:
+            # a name the planner does not know gets the default, as it always has
+            chosen = self.config.preempt_policy
+            policy = chosen if chosen in PREEMPT_POLICIES else DEFAULT_PREEMPT_POLICY
             # planner off: plan() parks nothing for pressure (resumes still come from it); a step
             # that fails to allocate asks choose_victims() instead
             planner = self._planners[margin] = Planner(
-                policy="cost" if self.config.preempt_policy == "cost" else "fcfs",
+                policy=policy,
                 margin_cells=margin,
                 ram_budget_bytes=self.budget_bytes,
                 park_ahead=self.knobs.preempt_planner,
@@ -158,7 +158,7 @@ class Preemption:
         )
 
     # ----------------------------------------------------------------- actions
-    def _apply(self, actions: list[Action], events: Events, now: float) -> None:
+    def _apply(self, actions: list[Action], events: ParkNotices, now: float) -> None:
         by_key = {r.key: r for r in (*self.scheduler.running, *self.scheduler.parked)}
         for action in actions:
             if action.kind == "release_buffer":
@@ -198,7 +198,7 @@ class Preemption:
                 self.failed.append(req)
                 events.fail(req.request_id, CONTEXT_ERROR, "exceed_context_size_error")
 
-    def _park_on_schedule(self, events: Events, now: float) -> None:
+    def _park_on_schedule(self, events: ParkNotices, now: float) -> None:
         """KVPARK_PREEMPT_EVERY=N: park every generating request each N tokens, pressure or not."""
         n = self.knobs.preempt_every
         for req in list(self.scheduler.running):

@@ -4,7 +4,7 @@ A request holds one prompt and ``n`` choices. While its prompt is being computed
 sequence; when the prompt's last row is sampled, the sequence forks into ``n`` (they share the
 prompt's pages). A sequence's *known* tokens are prompt + output; its *computed* tokens are those
 whose K and V sit in the pool. Every step moves computed tokens towards known ones — a prompt chunk,
-a decode token and (issue 3) a recompute replay are the same catch-up.
+a decode token and a recompute replay are the same catch-up.
 """
 
 from __future__ import annotations

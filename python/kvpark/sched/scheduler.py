@@ -6,18 +6,22 @@ a :class:`~kvpark.sched.plan.StepPlan` of plain data. There is no prefill or dec
 sequence's computed tokens catch up with its known tokens, a decode being a catch-up of one row.
 
 Slots: a request takes ``n`` slots (one per choice) from admission until it finishes. Admission is
-FIFO and nobody passes a head that does not fit yet.
+FIFO and nobody passes a head that does not fit yet (the rule: ``wait_queue.py``); reserving the
+step's cells and exporting its plan: ``cells.py``; a park's way out of the pool and back:
+``parks.py``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
-from kvpark._core import KvPool, PoolFullError
+from kvpark._core import KvPool
 from kvpark.config.layers import PoolConfig, SchedulerConfig
+from kvpark.sched.cells import StepCells, step_item
+from kvpark.sched.parks import Parks
 from kvpark.sched.plan import StepItem, StepPlan
-from kvpark.sched.request import ParkMode, Request, RequestState, Sequence
+from kvpark.sched.request import Request, RequestState, Sequence
+from kvpark.sched.wait_queue import WaitQueue
 
 CONTEXT_ERROR = "Context size has been exceeded."
 
@@ -46,7 +50,7 @@ def rows_wanted(seq: Sequence, budget: int) -> int:
     return 1 if seq.pending_rows == 1 else min(seq.pending_rows, budget)
 
 
-class Scheduler:
+class Scheduler(Parks):
     def __init__(
         self,
         pool_config: PoolConfig,
@@ -64,7 +68,8 @@ class Scheduler:
         )
         self.cache = PrefixCacheCounts()
         self.page_size = pool_config.page_size
-        self.waiting: deque[Request] = deque()
+        self.cells = StepCells(self.pool, self.page_size)
+        self.waiting = WaitQueue()
         self.running: list[Request] = []  # hold cells, in arrival order
         self.parked: list[Request] = []  # hold a slot but no cells
         self.transferring: list[Request] = []  # parking or restoring: hold cells, take no step
@@ -123,10 +128,17 @@ class Scheduler:
     def free_slot_count(self) -> int:
         return len(self._free_slots)
 
-    def _slots_promised(self) -> int:
-        """Slots that admitted ``n > 1`` requests will take when their prompt forks."""
+    @property
+    def open_slots(self) -> int:
+        """Free slots less those that admitted ``n > 1`` requests will take when their prompt
+        forks: what admission may hand out."""
         held = (*self.running, *self.transferring, *self.parked)
-        return sum(r.params.n - len(r.sequences) for r in held)
+        return self.free_slot_count - sum(r.params.n - len(r.sequences) for r in held)
+
+    def wait_queue_full(self, n: int) -> bool:
+        """Whether a new request of ``n`` choices would queue past ``--max-waiting`` requests
+        (``WaitQueue.queued_beyond_slots``)."""
+        return self.waiting.queued_beyond_slots(self.open_slots, n) > self.config.max_waiting
 
     # ----------------------------------------------------------------- one step
     def next_rows(self) -> dict[int, int]:
@@ -156,7 +168,7 @@ class Scheduler:
         outcome = StepOutcome()
         rows = self.next_rows() if rows is None else rows
         if report_shortfall:
-            outcome.shortfall = self._decode_shortfall(rows)
+            outcome.shortfall = self.cells.decode_shortfall(rows, self.by_seq)
             if outcome.shortfall > 0:
                 return self._export([]), outcome
         items: list[StepItem] = []
@@ -164,19 +176,19 @@ class Scheduler:
             for seq in req.live_sequences:
                 want = rows.get(seq.seq_id, 0)
                 if want == 1 and seq.pending_rows == 1:
-                    if not self._reserve(seq, 1):
+                    if not self.cells.reserve(seq, 1):
                         outcome.failed.append(req)  # a real overflow: nobody can make room
                         self.release(req)
                         break
-                    items.append(self._item(seq, 1))
+                    items.append(step_item(seq, 1))
         budget = self.config.max_batch_tokens - len(items)
         for req in self.running:
             seq = req.sequences[0]
             want = min(rows.get(seq.seq_id, 0), budget)
             if seq.pending_rows > 1 and want > 0:
-                got = self._fit_rows(seq, want)
+                got = self.cells.fit_rows(seq, want)
                 if got > 0:
-                    items.append(self._item(seq, got))
+                    items.append(step_item(seq, got))
                     budget -= got
         self._admit(items, budget, outcome)
         return self._export(items), outcome
@@ -184,21 +196,22 @@ class Scheduler:
     def _admit(self, items: list[StepItem], budget: int, outcome: StepOutcome) -> None:
         """FIFO admission: a head that does not fit blocks the queue, and so does a parked request
         (parked requests come back before anyone new is let in)."""
-        while self.waiting and budget > 0 and not self.parked and not self.transferring:
-            req = self.waiting[0]
-            if req.params.n > self.free_slot_count - self._slots_promised():
+        while budget > 0 and not self.parked and not self.transferring:
+            if not self.waiting.head_gets_slots(self.open_slots):
                 return
+            req = self.waiting.head
             # the last prompt token is always computed: its row gives the first draw
             prompt, reusable = req.prompt_ids, len(req.prompt_ids) - 1
             hit, _ = self.pool.cached_prefix(prompt, reusable)
             rows = min(len(prompt) - hit, budget)
-            if not self._admission_fits(self.pool.cells_to_admit(prompt, reusable, hit + rows)):
+            need = self.pool.cells_to_admit(prompt, reusable, hit + rows)
+            if not self.cells.admission_fits(need, self.running):
                 if not self.running and not items:
-                    self.waiting.popleft()
+                    self.waiting.pop_head()
                     outcome.failed.append(req)  # cannot fit even an empty pool
                     continue
                 return
-            self.waiting.popleft()
+            self.waiting.pop_head()
             seq = self._new_sequence(req, index=0, tokens=list(prompt))
             seq.num_computed = req.cached_tokens = self.pool.match_prefix(
                 seq.seq_id, prompt, reusable
@@ -208,89 +221,9 @@ class Scheduler:
             req.sequences = [seq]
             req.state = RequestState.RUNNING
             self.running.append(req)
-            rows = self._fit_rows(seq, rows)
-            items.append(self._item(seq, rows))
+            rows = self.cells.fit_rows(seq, rows)
+            items.append(step_item(seq, rows))
             budget -= rows
-
-    def _decode_shortfall(self, rows: dict[int, int]) -> int:
-        pages = sum(
-            self.pool.pages_needed(seq_id, self.by_seq[seq_id][1].num_computed + 1)
-            for seq_id, n in rows.items()
-            if n == 1 and self.by_seq[seq_id][1].pending_rows == 1
-        )
-        return max(0, pages * self.page_size - self.pool.cells_free())
-
-    # ----------------------------------------------------------------- parks
-    def park(self, req: Request, mode: ParkMode) -> None:
-        """Take a running request out of the pool; it keeps its slot.
-
-        note: call only after a swap has copied the cells out: they are handed out again at once.
-        A request whose copy out is in flight waits in ``transferring`` (``hold``) until then.
-        """
-        group = self.transferring if req in self.transferring else self.running
-        assert req in group and len(req.sequences) == 1, "only a lone sequence parks"
-        seq = req.sequences[0]
-        self.pool.free_sequence(seq.seq_id)
-        if mode == "recompute":
-            req.park.dropped = seq.num_computed
-            seq.num_computed = 0  # every known token is replayed as a prompt row
-        group.remove(req)
-        self.parked.append(req)
-        req.state = RequestState.PARKED
-
-    def resume(self, req: Request, take_cached: bool = False) -> tuple[list[int], int]:
-        """Put a parked request back into fresh pages; returns the cells a swap restores into and
-        how many of them, from the first, are cached pages it took by hash instead (only with
-        ``take_cached``: the runner can restore a state from a later cell).
-
-        Raises PoolFullError (state unchanged) when its cells do not fit."""
-        seq = req.sequences[0]
-        self.pool.add_sequence(seq.seq_id)
-        hit = 0
-        if req.park.mode == "swap" and take_cached:
-            n = seq.num_computed
-            hit = self.pool.match_prefix(seq.seq_id, seq.tokens[:n], n)
-        if req.park.mode == "recompute":
-            # the replay starts after whatever prefix of its tokens is still cached
-            seq.num_computed = self.pool.match_prefix(seq.seq_id, seq.tokens, len(seq.tokens) - 1)
-            req.park.dropped = max(0, req.park.dropped - seq.num_computed)
-        try:
-            self.pool.reserve(seq.seq_id, seq.num_computed)
-        except PoolFullError:
-            self.pool.free_sequence(seq.seq_id)
-            if req.park.mode == "recompute":
-                req.park.dropped += seq.num_computed
-                seq.num_computed = 0
-            raise
-        self.land(req)
-        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed), hit
-
-    def hold(self, req: Request, state: RequestState) -> None:
-        """Take a running request out of the steps while a copy of its cells is in flight
-        (``PARKING`` or ``RESTORING``); it keeps its cells until ``park`` or ``land``."""
-        self.running.remove(req)
-        self.transferring.append(req)
-        req.state = state
-
-    def land(self, req: Request) -> None:
-        """Back into the steps: a parked request resumed, or a restoring one whose copy landed."""
-        (self.transferring if req in self.transferring else self.parked).remove(req)
-        self.running.append(req)
-        self.running.sort(key=lambda r: r.key)
-        req.state = RequestState.RUNNING
-
-    def _admission_fits(self, cells: int) -> bool:
-        """Whether a new sequence taking ``cells`` free or cached cells fits now."""
-        # keep a page of headroom for every decoding sequence, so admitting does not starve them
-        decoding = sum(len(r.live_sequences) for r in self.running)
-        return self.pool.can_fit(cells + decoding * self.page_size)
-
-    def register_restored(self, req: Request) -> None:
-        """A resumed request's cells are written (a swap's copy back has landed): their full
-        pages may be found again. A recompute's cached prefix is registered already."""
-        seq = req.sequences[0]
-        done = self.pool.registered_len(seq.seq_id)
-        self.pool.register_tokens(seq.seq_id, seq.tokens[done : seq.num_computed])
 
     def register(self, plan: StepPlan) -> None:
         """After a step has run: the cells its rows wrote hold K and V, so their full pages may be
@@ -300,40 +233,9 @@ class Scheduler:
                 [i.seq_id for i in plan.items], [i.token_ids for i in plan.items]
             )
 
-    def _reserve(self, seq: Sequence, rows: int) -> bool:
-        try:
-            self.pool.reserve(seq.seq_id, seq.num_computed + rows)
-        except PoolFullError:
-            return False
-        return True
-
-    def _fit_rows(self, seq: Sequence, rows: int) -> int:
-        """Reserve cells for up to ``rows`` rows of ``seq``; returns how many rows got cells."""
-        if self._reserve(seq, rows):
-            return rows
-        spare = self.pool.cells_free() + self._tail_room(seq)
-        rows = min(rows, spare)
-        if rows > 0 and self._reserve(seq, rows):
-            return rows
-        return 0
-
-    def _tail_room(self, seq: Sequence) -> int:
-        held = self.pool.seq_len(seq.seq_id)
-        return (-held) % self.page_size
-
-    def _item(self, seq: Sequence, rows: int) -> StepItem:
-        start = seq.num_computed
-        end = start + rows
-        return StepItem(seq.seq_id, start, seq.tokens[start:end], sample=end == len(seq.tokens))
-
     def _export(self, items: list[StepItem]) -> StepPlan:
         copies, self._pending_copies = self._pending_copies, []
-        if not items:
-            return StepPlan([], [], [], copies)
-        slot_mapping, tables = self.pool.export_step(
-            [i.seq_id for i in items], [i.start for i in items], [len(i.token_ids) for i in items]
-        )
-        return StepPlan(items, slot_mapping, tables, copies)
+        return self.cells.export(items, copies)
 
     # ----------------------------------------------------------------- sequences
     def _new_sequence(self, req: Request, index: int, tokens: list[int]) -> Sequence:

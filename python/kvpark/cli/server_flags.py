@@ -1,0 +1,88 @@
+"""The flags of ``kvpark serve``'s HTTP server (address, auth, logging, limits) and the
+``ServerConfig`` they build."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvpark.cli.values import int_at_least, one_of, port, seconds
+from kvpark.config.layers import HTTP_STACKS, ServerConfig
+
+DEFAULT_LOG_STATS_INTERVAL_S = 10.0
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=port, default=8000, help="port to listen on")
+    p.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' on every route but /health"
+    )
+    p.add_argument("--api-key-file", help="read the API key from this file")
+    p.add_argument(
+        "--sse-ping-interval",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="':' ping on idle streams (0: off); parked streams get a keepalive "
+        "every min(this, 2 s)",
+    )
+    p.add_argument("--log-format", type=one_of("text", "json"), default="text", help="text or json")
+    p.add_argument(
+        "--http-stack",
+        type=one_of(*HTTP_STACKS),
+        default="auto",
+        help="the event loop and HTTP parser: uvloop + httptools (C; auto where installed) or "
+        "asyncio + h11 (pure Python)",
+    )
+    p.add_argument(
+        "--log-health",
+        action="store_true",
+        help="access-log /health polls and /metrics scrapes too (other requests always are)",
+    )
+    p.add_argument(
+        "--log-stats-interval",
+        type=seconds,
+        default=DEFAULT_LOG_STATS_INTERVAL_S,
+        metavar="SECONDS",
+        help="while requests run, log throughput, queue, KV usage and preemptions every SECONDS "
+        "(0: off)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        help="model name announced by /v1/models; requests may also name the model's file name "
+        "or 'default' (default: the model's file name)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int_at_least(1),
+        default=8 * 1024 * 1024,
+        help="larger request bodies get 413",
+    )
+
+
+def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
+    api_key = args.api_key
+    if args.api_key_file is not None:
+        if api_key is not None:
+            p.error("give --api-key or --api-key-file, not both")
+        try:
+            api_key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            p.error(f"--api-key-file {args.api_key_file}: {exc.strerror}")
+        if not api_key:
+            p.error(f"--api-key-file {args.api_key_file} is empty")
+    if api_key is not None and not api_key:
+        p.error("--api-key is empty")
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        sse_ping_interval=args.sse_ping_interval,
+        log_format=args.log_format,
+        log_health=args.log_health,
+        http_stack=args.http_stack,
+        log_stats_interval=args.log_stats_interval,
+        max_body_bytes=args.max_body_bytes,
+        served_model_name=args.served_model_name,
+    )

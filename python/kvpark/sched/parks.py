@@ -1,0 +1,88 @@
+"""The scheduler's half of a park: a request leaves the pool but keeps its slot, waits out a copy in
+flight, and comes back into fresh pages (``preempt/moves.py`` drives these, ``Scheduler`` has them).
+
+::
+
+    running ──park──────────────────────────────► parked   recompute, or a swap whose copy landed
+    running ──hold(PARKING)──► transferring ──park──► parked   a swap's copy out in flight
+    parked ──resume──► running ──hold(RESTORING)──► transferring ──land──► running
+"""
+
+from __future__ import annotations
+
+from kvpark._core import KvPool, PoolFullError
+from kvpark.sched.request import ParkMode, Request, RequestState
+
+
+class Parks:
+    """Mixed into ``Scheduler``, whose groups these move requests between."""
+
+    pool: KvPool
+    running: list[Request]  # hold cells, in arrival order
+    parked: list[Request]  # hold a slot but no cells
+    transferring: list[Request]  # parking or restoring: hold cells, take no step
+
+    def park(self, req: Request, mode: ParkMode) -> None:
+        """Take a running request out of the pool; it keeps its slot.
+
+        note: call only after a swap has copied the cells out: they are handed out again at once.
+        A request whose copy out is in flight waits in ``transferring`` (``hold``) until then.
+        """
+        group = self.transferring if req in self.transferring else self.running
+        assert req in group and len(req.sequences) == 1, "only a lone sequence parks"
+        seq = req.sequences[0]
+        self.pool.free_sequence(seq.seq_id)
+        if mode == "recompute":
+            req.park.dropped = seq.num_computed
+            seq.num_computed = 0  # every known token is replayed as a prompt row
+        group.remove(req)
+        self.parked.append(req)
+        req.state = RequestState.PARKED
+
+    def resume(self, req: Request, take_cached: bool = False) -> tuple[list[int], int]:
+        """Put a parked request back into fresh pages; returns the cells a swap restores into and
+        how many of them, from the first, are cached pages it took by hash instead (only with
+        ``take_cached``: the runner can restore a state from a later cell).
+
+        Raises PoolFullError (state unchanged) when its cells do not fit."""
+        seq = req.sequences[0]
+        self.pool.add_sequence(seq.seq_id)
+        hit = 0
+        if req.park.mode == "swap" and take_cached:
+            n = seq.num_computed
+            hit = self.pool.match_prefix(seq.seq_id, seq.tokens[:n], n)
+        if req.park.mode == "recompute":
+            # the replay starts after whatever prefix of its tokens is still cached
+            seq.num_computed = self.pool.match_prefix(seq.seq_id, seq.tokens, len(seq.tokens) - 1)
+            req.park.dropped = max(0, req.park.dropped - seq.num_computed)
+        try:
+            self.pool.reserve(seq.seq_id, seq.num_computed)
+        except PoolFullError:
+            self.pool.free_sequence(seq.seq_id)
+            if req.park.mode == "recompute":
+                req.park.dropped += seq.num_computed
+                seq.num_computed = 0
+            raise
+        self.land(req)
+        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed), hit
+
+    def hold(self, req: Request, state: RequestState) -> None:
+        """Take a running request out of the steps while a copy of its cells is in flight
+        (``PARKING`` or ``RESTORING``); it keeps its cells until ``park`` or ``land``."""
+        self.running.remove(req)
+        self.transferring.append(req)
+        req.state = state
+
+    def land(self, req: Request) -> None:
+        """Back into the steps: a parked request resumed, or a restoring one whose copy landed."""
+        (self.transferring if req in self.transferring else self.parked).remove(req)
+        self.running.append(req)
+        self.running.sort(key=lambda r: r.key)
+        req.state = RequestState.RUNNING
+
+    def register_restored(self, req: Request) -> None:
+        """A resumed request's cells are written (a swap's copy back has landed): their full
+        pages may be found again. A recompute's cached prefix is registered already."""
+        seq = req.sequences[0]
+        done = self.pool.registered_len(seq.seq_id)
+        self.pool.register_tokens(seq.seq_id, seq.tokens[done : seq.num_computed])
