@@ -113,7 +113,7 @@ def test_runner_flag_and_env_name_the_factory(monkeypatch: pytest.MonkeyPatch) -
     assert engine_config(args, args.parser).model.runner == SPEC
 
 
-@pytest.mark.parametrize("name", ["auto", "lean", "native", "torch"])
+@pytest.mark.parametrize("name", ["auto", "lean", "torch"])
 def test_the_built_in_runners_are_named_by_the_flag(name: str) -> None:
     args = cli.build_parser().parse_args(["serve", "--runner", name])
     assert engine_config(args, args.parser).model.runner == name
@@ -124,7 +124,7 @@ def test_the_built_in_runners_are_named_by_the_flag(name: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
-        ("no_colon", "not one of auto, lean, native, torch nor of the form module:factory"),
+        ("no_colon", "not one of auto, lean, torch nor of the form module:factory"),
         ("no_such_module_here:make", "ModuleNotFoundError"),
         ("kvpark.runner.echo_runner:Missing", "AttributeError"),
         ("kvpark.runner.echo_runner:CONFIDENCE", "not callable"),

@@ -116,8 +116,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--prompt-path",
         type=one_of(*PROMPT_PATHS),
         default="auto",
-        help="prompt chunks on the CPU: a dense GEMM in float32 or bfloat16, or 'same' as decode "
-        "rows; auto: bfloat16 where the CPU has native bf16, else float32 (normal mode only)",
+        help="prompt chunks on the CPU: a dense GEMM in float32 or bfloat16 (the torch runner's;"
+        " normal mode only), or 'same' as decode rows; auto: same",
     )
     p.add_argument(
         "--seed", type=int_at_least(0), default=0, help="base seed for requests that give none"
@@ -164,11 +164,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--runner",
         type=runner_spec,
         default="auto",
-        metavar="auto|lean|native|torch|MODULE:FACTORY",
+        metavar="auto|lean|torch|MODULE:FACTORY",
         help="the model runner: lean (every CPU step in the Rust decoder, no torch in the"
-        " process), native (the same decoder over the torch model), torch, auto (lean on the CPU"
-        " where it can run the model, else native, else torch), or a custom one:"
-        " FACTORY(EngineConfig) from MODULE (docs/custom-runners.md)",
+        " process), torch (needs the gpu extra), auto (lean on the CPU where it can run the"
+        " model, else torch), or a custom one: FACTORY(EngineConfig) from MODULE"
+        " (docs/custom-runners.md)",
     )
 
 

@@ -84,11 +84,11 @@ def canonical(names: Mapping[str, str]) -> Callable[[str], str]:
 dtype_name = canonical(DTYPE_NAMES)
 
 
-BUILT_IN_RUNNERS = ("auto", "lean", "native", "torch")
+BUILT_IN_RUNNERS = ("auto", "lean", "torch")
 
 
 def runner_spec(text: str) -> str:
-    """``auto``, ``lean``, ``native``, ``torch`` or ``module:factory``."""
+    """``auto``, ``lean``, ``torch`` or ``module:factory``."""
     if text in BUILT_IN_RUNNERS:
         return text
     module, sep, name = text.partition(":")
