@@ -38,7 +38,7 @@ pytest.register_assert_rewrite("support")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` need CUDA: skipped where there is none (``pytest -m gpu`` on a GPU
-    machine runs them, as bench/gpu_check.py does)."""
+    machine runs them, as `kvpark bench --scenario gpu-check` does)."""
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from kvpark.bench import main
 from kvpark.bench.client import RequestBody, RequestResult, Target, run_level
 from kvpark.bench.compare import compare
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.report import (
     PLOT_SKIPPED,
     RunResult,
@@ -34,7 +35,6 @@ from kvpark.bench.report import (
     write_json,
     write_plot,
 )
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.workload import WorkloadConfig, build_requests
 from support.servers import app_in_thread, free_port, serving
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,11 @@ from kvpark.bench import cpu_targets as targets
 from kvpark.bench import llama_build as build
 from kvpark.bench import main, peak_rss
 from kvpark.bench.compare import compare
+from kvpark.bench.in_process import llamacpp_reference as reference
 from kvpark.bench.peers import llama_server_command
 from kvpark.bench.report import LevelSummary, RunResult
 from kvpark.bench.suites import cpu_comparison as comparison
 from kvpark.bench.suites.arguments import parse_peers
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import make_llamacpp_reference as reference
 
 
 def test_the_llama_cpp_tag_is_the_packages_build_number() -> None:

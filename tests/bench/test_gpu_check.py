@@ -1,6 +1,8 @@
-"""bench/gpu_check.py cannot rot: its CPU smoke mode (a tiny model, no CUDA) runs end to end here.
+"""The GPU check cannot rot: its CPU smoke mode (a tiny model, no CUDA) runs end to end here, from
+the installed package in a folder outside the checkout; the checkout's ``bench/gpu_check.py``
+calls the same ``main``.
 
-The real run needs a GPU: ``python bench/gpu_check.py --out bench-results/gpu-check.json``.
+The real run needs a GPU: ``kvpark bench --scenario gpu-check --out bench-results/gpu-check.json``.
 """
 
 from __future__ import annotations
@@ -12,18 +14,27 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+CALLER = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+MODULE = "kvpark.bench.in_process.gpu_check"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", MODULE, *args], capture_output=True, text=True, timeout=300, cwd=cwd
     )
+
+
+def test_the_checkouts_caller_runs_the_module() -> None:
+    done = subprocess.run(
+        [sys.executable, str(CALLER), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--smoke" in done.stdout
 
 
 def test_the_smoke_run_measures_everything_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "check.json"
-    done = run("--smoke", "--out", str(out))
+    done = run("--smoke", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     res = json.loads(out.read_text())
     assert res["smoke"] is True and res["device"] == "cpu" and "gpu_tests" not in res

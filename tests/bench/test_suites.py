@@ -16,7 +16,7 @@ import pytest
 from kvpark.bench import main
 from kvpark.bench.main import suite_of
 from kvpark.bench.suites import SUITES
-from kvpark.bench.suites.in_process import SCRIPTS, script_path, without_scenario
+from kvpark.bench.suites.in_process import PACKAGE, SCRIPTS, module_command, without_scenario
 from support.servers import free_port
 
 
@@ -67,14 +67,18 @@ def test_every_suite_has_its_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_in_process_scripts_get_the_flags_given() -> None:
     assert without_scenario(["--scenario", "profile", "--batch", "1,8"]) == ["--batch", "1,8"]
     assert without_scenario(["--top", "5", "--scenario=roofline"]) == ["--top", "5"]
-    for script, _ in SCRIPTS.values():
-        assert script_path(script) is not None, script
-    assert script_path("gpu_check.py", Path("/nonexistent")) is None
+    for module, _ in SCRIPTS.values():  # shipped in the package, not only in a checkout
+        assert importlib.util.find_spec(f"{PACKAGE}.{module}") is not None, module
+    assert module_command("roofline", ["--top", "5"]) == [
+        sys.executable, "-m", "kvpark.bench.in_process.roofline", "--top", "5",
+    ]  # fmt: skip
 
 
-def test_an_in_process_scenario_runs_the_checkout_script(capfd: pytest.CaptureFixture[str]) -> None:
+def test_an_in_process_scenario_runs_its_module(capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["--scenario", "gpu-check", "--help"]) == 0
     assert "--smoke" in capfd.readouterr().out
+    assert main(["--scenario", "roofline", "--no-such-flag"]) == 2  # the module's own parser
+    assert "--no-such-flag" in capfd.readouterr().err
 
 
 # --- tiny bounded suite runs against real servers -------------------------------------------------

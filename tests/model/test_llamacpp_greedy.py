@@ -2,8 +2,8 @@
 
 tests/data/llamacpp_greedy.json holds, for each parity prompt (its token ids too), llama.cpp's 32
 greedy tokens and its two best tokens with their log-probabilities at every step, made by
-bench/make_llamacpp_reference.py with llama-server on the default GGUF (the file says how to
-remake it).
+`kvpark bench --scenario llamacpp-reference` with llama-server on the default GGUF (the file
+says how to remake it).
 
 What "agree" means. The two do not compute the same sums: llama.cpp rounds every activation row to
 8-bit blocks (q8_1) before its Q4_1 dot products and keeps K/V in float16; kvpark multiplies the

@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvpark.bench.client import Target
 from kvpark.bench.compare import run
 from kvpark.bench.main import main
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.report import RunResult
-from kvpark.bench.scenarios import BenchOptions
 
 __all__ = ["BenchOptions", "RunResult", "Target", "main", "run"]

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpark.bench.client import Target, first_model
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.report import RunResult, format_table
-from kvpark.bench.scenarios import SCENARIOS, BenchOptions
+from kvpark.bench.scenarios import SCENARIOS
 
 FORMAT_VERSION = 1
 RATIO_FIELDS = (

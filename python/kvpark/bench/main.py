@@ -27,10 +27,11 @@ from urllib.parse import urlparse
 
 from kvpark.bench.client import Target
 from kvpark.bench.compare import format_comparison, payload, run
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.pressure import format_pressure_table
 from kvpark.bench.pressure_goals import evaluate_goals, format_goals, write_pressure_plot
 from kvpark.bench.report import RunResult, format_table, write_json, write_plot
-from kvpark.bench.scenarios import SCENARIO_DEFAULTS, SCENARIOS, BenchOptions
+from kvpark.bench.scenarios import SCENARIO_DEFAULTS, SCENARIOS
 from kvpark.bench.suites import SERVER_SCENARIOS, SUITES
 
 BUILD_PEER = "build-llama-server"

@@ -28,7 +28,7 @@ from kvpark.bench.report import RunResult, request_record, summarize_level
 from kvpark.bench.workload import RequestSpec, prompt_text
 
 if TYPE_CHECKING:  # scenarios.py imports this module
-    from kvpark.bench.scenarios import BenchOptions
+    from kvpark.bench.options import BenchOptions
 
 FIRST_MEASURED_TURN = 3  # turns before it warm the cache; the median TTFT is over the rest
 QUESTIONS = (

@@ -14,8 +14,9 @@ the server's ``/metrics``, checks the goals, and prints and plots the result:
   completed requests / wall time), **p95 gap** between tokens (every gap of every request, failed
   ones up to their failure, pooled), TTFT p50/p95.
 
-``bench/run_pressure.py`` runs it against ``--no-preempt``, ``--preempt-ram 0`` and the default
-plus the A/B/A no-pressure check, and uses ``evaluate_goals`` and ``write_pressure_plot``.
+``kvpark bench --scenario pressure`` (suites/pressure.py) runs it against ``--no-preempt``,
+``--preempt-ram 0`` and the default plus the A/B/A no-pressure check, and uses
+``evaluate_goals`` and ``write_pressure_plot``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The headline benchmark's goals, its A/B/A no-pressure check and its plot (``pressure.py``
-summarises the levels these read; ``bench/run_pressure.py`` runs them)."""
+summarises the levels these read; ``kvpark bench --scenario pressure`` runs them)."""
 
 from __future__ import annotations
 

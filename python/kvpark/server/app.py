@@ -33,58 +33,21 @@ from kvpark.server.errors import (
 )
 from kvpark.server.messages_api import METHODS as MESSAGES_METHODS
 from kvpark.server.messages_api import create_message
-from kvpark.server.metrics import CONTENT_TYPE, ServerMetrics
+from kvpark.server.metrics import CONTENT_TYPE
 from kvpark.server.openai_api import CHAT, COMPLETIONS
 from kvpark.server.pipeline import generate
 from kvpark.server.responses_api import create_response
+from kvpark.server.served_model import ServedModel
 from kvpark.server.tokenize_api import detokenize, tokenize
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
 
 Handler = Callable[[Request], Awaitable[Response]]
-# what clients that do not know the model's name send (the README's example among them)
-DEFAULT_MODEL_ALIAS = "default"
 
 
-class Routes:
+class Routes(ServedModel):
     """The handlers, bound to one engine and one server config."""
-
-    def __init__(self, engine: AsyncEngine, config: ServerConfig) -> None:
-        self.engine = engine
-        self.config = config
-        self.metrics = ServerMetrics(engine)
-
-    # -- plumbing -------------------------------------------------------------------------------
-
-    def ready_engine(self) -> AsyncEngine:
-        if self.engine.load_error is not None:
-            raise APIError(500, f"the model failed to load: {self.engine.load_error}")
-        if not self.engine.ready:
-            raise APIError(503, "the model is loading", "unavailable_error")
-        return self.engine
-
-    @property
-    def model_name(self) -> str:
-        return self.config.served_model_name or self.engine.model_name
-
-    def model_aliases(self) -> frozenset[str]:
-        """Every name a request may give for the one served model."""
-        return frozenset({self.model_name, self.engine.model_name, DEFAULT_MODEL_ALIAS})
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.model_aliases():
-            raise APIError(
-                404,
-                f"model {model!r} not found; this server's model answers to "
-                + ", ".join(repr(name) for name in sorted(self.model_aliases())),
-                "not_found_error",
-                "model",
-            )
-
-    def preempt_enabled(self) -> bool:
-        """Whether responses carry the ``preempt`` record: preemption is on (not --no-preempt)."""
-        return self.engine.config.scheduler.preempt
 
     # -- generation -----------------------------------------------------------------------------
 

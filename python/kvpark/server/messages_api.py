@@ -27,7 +27,7 @@ from kvpark.server.schema import parse_body
 from kvpark.server.sse import Framing
 
 if TYPE_CHECKING:
-    from kvpark.server.app import Routes
+    from kvpark.server.served_model import ServedModel
 
 # every method reaches the handler, so a wrong one is a 405 in Anthropic's shape too
 METHODS = ["POST", "GET", "PUT", "PATCH", "DELETE"]
@@ -39,7 +39,7 @@ RENAMED = {
 }
 
 
-async def create_message(routes: Routes, request: Request) -> Response:
+async def create_message(routes: ServedModel, request: Request) -> Response:
     """The route's handler: every refusal and failure in Anthropic's error shape."""
     try:
         if request.method != "POST":

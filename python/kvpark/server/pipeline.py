@@ -33,7 +33,7 @@ from kvpark.server.sse import OPENAI, Framing, SSEResponse, StreamBuilder
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
-    from kvpark.server.app import Routes
+    from kvpark.server.served_model import ServedModel
 
 
 class AnswerBuilder(StreamBuilder, Protocol):
@@ -84,7 +84,7 @@ class GenerationRoute(Generic[B, A]):
     answer: Callable[[A], JSON] = _response
 
 
-async def generate(routes: Routes, request: Request, route: GenerationRoute[B, A]) -> Response:
+async def generate(routes: ServedModel, request: Request, route: GenerationRoute[B, A]) -> Response:
     """The route's answer: a stream (``SSEResponse``) or one JSON object."""
     engine = routes.ready_engine()
     raw = await read_json(request, routes.config.max_body_bytes)
@@ -105,7 +105,7 @@ async def generate(routes: Routes, request: Request, route: GenerationRoute[B, A
 
 
 def _prepare(
-    routes: Routes, engine: AsyncEngine, route: GenerationRoute[B, A], raw: dict[str, object]
+    routes: ServedModel, engine: AsyncEngine, route: GenerationRoute[B, A], raw: dict[str, object]
 ) -> tuple[B, GenerationRequest]:
     """On a worker thread: the body validated and parsed, every prompt checked by the engine.
 

@@ -30,10 +30,10 @@ from kvpark.server.responses_api_events import ResponsesBuilder
 from kvpark.server.sse import Framing, typed_frame
 
 if TYPE_CHECKING:
-    from kvpark.server.app import Routes
+    from kvpark.server.served_model import ServedModel
 
 
-async def create_response(routes: Routes, request: Request) -> Response:
+async def create_response(routes: ServedModel, request: Request) -> Response:
     return await generate(routes, request, RESPONSES)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kvpark.bench.llama_build import DEFAULT_VERSION, default_cache, ensure
 from kvpark.bench.machine import default_model
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.peers import PEERS, default_llama_server
-from kvpark.bench.scenarios import BenchOptions
 
 
 def suite_parser(scenario: str, description: str, name: str) -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from kvpark.bench.client import Target
 from kvpark.bench.compare import compare, format_comparison, payload, run
 from kvpark.bench.cpu_targets import OURS, format_goals, judge, markdown_rows
 from kvpark.bench.machine import cpu_name, kvpark_source, load_average, machine
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.peak_rss import PeakRss
 from kvpark.bench.peers import (
     DEFAULT_PEER_PYTHON,
@@ -35,7 +36,6 @@ from kvpark.bench.peers import (
     peer_version,
 )
 from kvpark.bench.report import RunResult, format_table, write_json, write_plot
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.servers import kvpark_serve_command, managed_server
 from kvpark.bench.suites.arguments import (
     add_peer_flags,

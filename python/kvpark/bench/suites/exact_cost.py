@@ -17,8 +17,8 @@ from typing import Any
 from kvpark.bench.client import Target
 from kvpark.bench.compare import compare, format_comparison, payload, run
 from kvpark.bench.machine import cpu_name, load_average, machine
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.report import RunResult, format_table, write_json, write_plot
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.servers import kvpark_serve_command, managed_server
 from kvpark.bench.suites.arguments import checked_options, model_of, suite_parser
 

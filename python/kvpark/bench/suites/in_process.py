@@ -1,33 +1,33 @@
 """The benchmarks that run an engine inside their own process (profile, roofline, grammar masks,
-the llama.cpp reference, the GPU check): ``kvpark bench --scenario NAME [its flags]`` runs the
-source checkout's ``bench/<script>.py`` in a subprocess with the flags given, as the suites run
-servers. They stay scripts because the bench is a client that imports nothing of the engine; a
-subprocess keeps it so, and keeps torch out of ``kvpark bench`` itself.
+the llama.cpp reference, the GPU check, the serving-overhead's in-process half): ``kvpark bench
+--scenario NAME [its flags]`` runs ``python -m kvpark.bench.in_process.<module>`` in a subprocess
+with the flags given, as the suites run servers. A subprocess keeps the bench a client that
+imports nothing of the engine (only ``bench/in_process`` does, and nothing imports it), and keeps
+torch out of ``kvpark bench`` itself. The modules ship in the package, so an installed kvpark
+runs them as a checkout does.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-from kvpark.bench.machine import REPO
-
-# scenario -> (the script under bench/, what it measures)
+PACKAGE = "kvpark.bench.in_process"
+# scenario -> (the module under kvpark/bench/in_process/, what it measures)
 SCRIPTS: dict[str, tuple[str, str]] = {
-    "profile": ("profile_engine.py", "where an in-process engine's step time goes"),
-    "roofline": ("roofline.py", "a decode step against the bytes it must read"),
-    "grammar-overhead": ("grammar_overhead.py", "grammar masks' share of a decode step"),
-    "grammar-mask-cost": ("grammar_mask_cost.py", "llguidance against xgrammar, per token"),
-    "llamacpp-reference": ("make_llamacpp_reference.py", "llama.cpp's greedy tokens, for tests"),
-    "gpu-check": ("gpu_check.py", "the GPU tests and figures (on a GPU machine)"),
+    "profile": ("profile_engine", "where an in-process engine's step time goes"),
+    "roofline": ("roofline", "a decode step against the bytes it must read"),
+    "grammar-overhead": ("grammar_overhead", "grammar masks' share of a decode step"),
+    "grammar-mask-cost": ("grammar_mask_cost", "llguidance against xgrammar, per token"),
+    "llamacpp-reference": ("llamacpp_reference", "llama.cpp's greedy tokens, for tests"),
+    "gpu-check": ("gpu_check", "the GPU tests and figures (on a GPU machine)"),
 }
 
 
-def script_path(script: str, repo: Path = REPO) -> Path | None:
-    """``bench/<script>`` of the source checkout kvpark runs from, or None outside one."""
-    path = repo / "bench" / script
-    return path if path.is_file() else None
+def module_command(module: str, args: list[str]) -> list[str]:
+    """The command that runs ``kvpark.bench.in_process.<module>`` with ``args`` in this
+    interpreter."""
+    return [sys.executable, "-m", f"{PACKAGE}.{module}", *args]
 
 
 def without_scenario(argv: list[str]) -> list[str]:
@@ -44,19 +44,6 @@ def without_scenario(argv: list[str]) -> list[str]:
     return out
 
 
-def run_script(script: str, args: list[str]) -> int:
-    """Run ``bench/<script> args`` in this interpreter; its exit status, 2 outside a checkout."""
-    path = script_path(script)
-    if path is None:
-        print(
-            f"kvpark bench: bench/{script} is part of kvpark's source checkout, not of the "
-            f"installed package; run this from a checkout ({REPO} has none)",
-            file=sys.stderr,
-        )
-        return 2
-    return subprocess.call([sys.executable, str(path), *args])
-
-
 def main(scenario: str, argv: list[str]) -> int:
-    script, _ = SCRIPTS[scenario]
-    return run_script(script, without_scenario(argv))
+    module, _ = SCRIPTS[scenario]
+    return subprocess.call(module_command(module, without_scenario(argv)))

@@ -23,9 +23,9 @@ from typing import Any
 from kvpark.bench.client import Target
 from kvpark.bench.compare import payload, run
 from kvpark.bench.machine import cpu_name, machine
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.peers import llama_server_command
 from kvpark.bench.report import RunResult, write_json, write_plot
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.servers import kvpark_serve_command, managed_server
 from kvpark.bench.suites.arguments import (
     add_peer_flags,

@@ -34,10 +34,10 @@ from typing import Any
 
 from kvpark.bench.compare import payload
 from kvpark.bench.machine import cpu_name, load_average, machine
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.pressure import BASELINE, admitted_together, format_pressure_table
 from kvpark.bench.pressure_goals import evaluate_goals, format_goals, write_pressure_plot
 from kvpark.bench.report import format_table, write_json
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.suites.arguments import checked_options, model_of, suite_parser
 from kvpark.bench.suites.pressure_runs import (
     TEMPLATE_TOKENS,

@@ -11,10 +11,10 @@ from typing import Any
 from kvpark.bench.client import Target
 from kvpark.bench.compare import run
 from kvpark.bench.machine import free_port, load_average
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.pressure import MODES, admitted_together
 from kvpark.bench.pressure_goals import aba_summary
 from kvpark.bench.report import RunResult
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.servers import kvpark_serve_command, managed_server
 
 # The chat template around a prompt of ``--prompt-tokens`` costs about this many tokens more

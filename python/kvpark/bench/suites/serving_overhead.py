@@ -3,12 +3,12 @@ in-process, then through the HTTP server, in one run.
 
     kvpark bench --scenario serving-overhead --repeats 2 --out bench-results   # -> serving.json
 
-In-process, the engine alone runs the workload the sweep sends (``bench/serving_in_process.py``,
-a subprocess: the bench imports no engine); then ``kvpark serve`` with the same flags runs the
-same seeded sweep over HTTP (engine thread, asyncio, SSE, the bench client on the same cores).
-Both count generated tokens over the wall time of the level. Goal: the server keeps at least
-90 % of in-process aggregate tok/s at 8 chats. ``--repeats`` alternates the two and reports
-medians (the VM moves ~15 % between runs).
+In-process, the engine alone runs the workload the sweep sends
+(``kvpark.bench.in_process.serving`` in a subprocess: the bench client imports no engine); then
+``kvpark serve`` with the same flags runs the same seeded sweep over HTTP (engine thread,
+asyncio, SSE, the bench client on the same cores). Both count generated tokens over the wall
+time of the level. Goal: the server keeps at least 90 % of in-process aggregate tok/s at 8
+chats. ``--repeats`` alternates the two and reports medians (the VM moves ~15 % between runs).
 """
 
 from __future__ import annotations
@@ -17,21 +17,20 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from kvpark.bench.client import Target
 from kvpark.bench.compare import run
 from kvpark.bench.machine import machine
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.report import pyplot
-from kvpark.bench.scenarios import BenchOptions
 from kvpark.bench.servers import kvpark_serve_command, managed_server
 from kvpark.bench.suites.arguments import checked_options, model_of, suite_parser
-from kvpark.bench.suites.in_process import script_path
+from kvpark.bench.suites.in_process import module_command
 
 SCENARIO = "serving-overhead"
-SCRIPT = "serving_in_process.py"
+MODULE = "serving"
 GOAL = 0.9
 
 
@@ -50,13 +49,13 @@ def write_plot(path: Path, figures: dict[str, list[float]], title: str) -> None:
     plt.close(fig)
 
 
-def in_process_command(script: Path, args: argparse.Namespace, tag: str) -> list[str]:
-    return [
-        sys.executable, str(script), "--model", args.model, "--threads", str(args.threads),
+def in_process_command(args: argparse.Namespace, tag: str) -> list[str]:
+    return module_command(MODULE, [
+        "--model", args.model, "--threads", str(args.threads),
         "--concurrency", str(args.concurrency), "--requests", str(args.requests),
         "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
         "--seed", str(args.seed), "--tag", tag,
-    ]  # fmt: skip
+    ])  # fmt: skip
 
 
 def in_process_tok_s(cmd: list[str]) -> float:
@@ -80,10 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    script = script_path(SCRIPT)
-    if script is None:
-        print(f"kvpark bench: the in-process half, bench/{SCRIPT}, needs a source checkout")
-        return 2
     args.model = model_of(args)
     options = checked_options(p, lambda: BenchOptions(
         concurrency=(args.concurrency,), requests_per_level=args.requests,
@@ -95,9 +90,7 @@ def main(argv: list[str]) -> int:
     url = f"http://127.0.0.1:{args.port}"
     figures: dict[str, list[float]] = {"in_process": [], "server": []}
     for repeat in range(args.repeats):
-        figures["in_process"].append(
-            in_process_tok_s(in_process_command(script, args, f"r{repeat}"))
-        )
+        figures["in_process"].append(in_process_tok_s(in_process_command(args, f"r{repeat}")))
         log = args.out / "logs" / f"serving-{repeat}.log"
         with managed_server(cmd, url + "/health", log, timeout_s=600.0):
             result = run([Target(url, "kvpark server")], "sweep", options)[0]

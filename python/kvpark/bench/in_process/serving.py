@@ -2,10 +2,10 @@
 (``LLMEngine.step`` in a loop, ``--concurrency`` requests kept in flight, closed loop) runs the
 workload the bench's sweep sends, and the last line printed is ``{"tok_s": ...}``.
 
-    .venv/bin/python bench/serving_in_process.py --concurrency 8 --requests 16
+    python -m kvpark.bench.in_process.serving --concurrency 8 --requests 16
 
-It stays a script because it runs the engine in this process, which the bench package (a client)
-may not import; the suite starts it as a subprocess, a fresh engine per repeat.
+The suite starts it as a subprocess, a fresh engine per repeat, so the bench client stays a
+client (bench/in_process is the one part of the bench that imports the engine).
 """
 
 from __future__ import annotations

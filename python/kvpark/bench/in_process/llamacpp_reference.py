@@ -14,7 +14,7 @@ command that remakes it.
 
 The issue asked for llama-cpp-python's tokens; this script uses llama-server, the same llama.cpp
 code behind an HTTP server, built reproducibly from PyPI (the file's ``made_with`` says so). It
-lives in bench/ because it needs the built binary; the test only reads the JSON.
+writes into the source checkout's tests/data (``--out`` elsewhere); the test only reads the JSON.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any
 import httpx
 
 from kvpark import _core
-from kvpark.bench.machine import cpu_name, default_model
+from kvpark.bench.machine import REPO, cpu_name, default_model
 from kvpark.bench.peers import default_llama_server, llama_server_version
 from kvpark.bench.servers import managed_server
-from kvpark.model.gguf_loader import GgufFile
+from kvpark.model.gguf_file import GgufFile
 from kvpark.tokenizer.tokenizer import Tokenizer
 
 # the parity prompts of tests/model/test_model_parity.py and tests/runner/test_cpu_paths.py
@@ -45,7 +45,7 @@ QUESTIONS = [
     "Explain in two sentences why the sky is blue.",
 ]
 N_PREDICT = 32
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "llamacpp_greedy.json"
+DATA = REPO / "tests" / "data" / "llamacpp_greedy.json"
 
 
 def prompt_ids(tokenizer: Tokenizer, question: str) -> list[int]:

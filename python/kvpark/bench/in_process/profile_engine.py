@@ -10,6 +10,11 @@ the steps into torch ops by category (self CPU time on the calling thread): matm
 (SDPA), KV gathers/copies, other ops; what no op accounts for is Python and dispatch overhead.
 The Rust CPU kernels (block-weight matmuls, decode attention; docs/cpu-kernels.md) are not torch
 ops: the profiled pass wraps them in ``record_function`` so they count as matmuls and attention.
+
+The profiler pass needs the torch runner (``--runner torch``, the ``kvpark[gpu]`` extra); on the
+lean runner (the CPU default) a forward is one call into the Rust decoder, which the profiler
+cannot split, so only the first split is printed (``--scenario roofline`` weighs that call
+against the bytes it reads).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def timed_steps(llm: LLM, steps: int) -> dict[str, float]:
     inner = runner.execute
     spent: list[float] = []
 
-    def execute(plan: Any) -> torch.Tensor:
+    def execute(plan: Any) -> Any:
         t = time.perf_counter()
         out = inner(plan)
         spent.append(time.perf_counter() - t)
@@ -103,8 +108,8 @@ def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
     """Milliseconds per step by op category, plus what no op accounts for."""
     # op_set and attention look these names up at each call, so patching them labels every
     # decode call (prompt chunks, which prompt_linear multiplies, are not in these steps)
-    block_linear, decode = op_set.block_linear, cpu_attention.decode
-    op_set.block_linear = labelled("kvpark::block_linear", block_linear)
+    block_linear, decode = vars(op_set)["block_linear"], cpu_attention.decode
+    vars(op_set)["block_linear"] = labelled("kvpark::block_linear", block_linear)
     cpu_attention.decode = labelled("kvpark::decode_attention", decode)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -113,7 +118,7 @@ def profiled_steps(llm: LLM, steps: int, top: int = 0) -> dict[str, float]:
                 llm.engine.step()
             wall = time.perf_counter() - t
     finally:
-        op_set.block_linear, cpu_attention.decode = block_linear, decode
+        vars(op_set)["block_linear"], cpu_attention.decode = block_linear, decode
     by_cat: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         by_cat[category(event.key)] += event.self_cpu_time_total / 1e3  # µs -> ms
@@ -138,8 +143,10 @@ def main() -> int:
     p.add_argument("--exact", action="store_true", help="exact mode's row-invariant ops")
     p.add_argument("--block-dot", default="auto", help="auto, int8 or float32 (--block-dot)")
     p.add_argument("--top", type=int, default=0, help="also print each batch's top N ops")
+    p.add_argument("--runner", default="auto", help="auto, lean or torch (the profiler pass)")
     args = p.parse_args()
     llm = LLM(
+        runner=None if args.runner == "auto" else args.runner,
         model=args.model,
         threads=args.threads,
         dtype=args.dtype,
@@ -148,12 +155,15 @@ def main() -> int:
         exact=args.exact,
         block_dot=args.block_dot,
     )
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    kind = getattr(llm.engine.runner, "runner_kind", "custom")  # the built-in runners name it
+    print(
+        f"runner {kind}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True
+    )
     for batch in (int(b) for b in args.batch.split(",")):
         max_tokens = 2 * args.steps + 4
         start_batch(llm, batch, args.prompt_tokens, max_tokens, f"b{batch}")
         timing = timed_steps(llm, args.steps)
-        cats = profiled_steps(llm, args.steps, args.top)
+        cats = profiled_steps(llm, args.steps, args.top) if kind == "torch" else {}
         while llm.engine.has_work:  # bounded: every request has at most max_tokens left
             llm.engine.step()
         tok_s = batch / timing["step_ms"] * 1e3
@@ -162,6 +172,8 @@ def main() -> int:
             f"{timing['execute_ms']:.1f} ms, rest of step {timing['rest_ms']:.1f} ms",
             flush=True,
         )
+        if not cats:
+            continue
         step = cats.pop("profiled_step_ms")
         shares = ", ".join(f"{k} {v:.1f} ms ({v / step:.0%})" for k, v in sorted(cats.items()))
         print(f"           under the profiler {step:.1f} ms/step: {shares}", flush=True)

@@ -118,7 +118,8 @@ def main() -> int:
         print(f"| {batch} | {read / 1e6:.1f} MB | {floor:.2f} ms | {measured:.2f} ms "
               f"({batch / measured * 1e3:.0f} tok/s) | {floor / measured:.0%} |")  # fmt: skip
     if args.json:
-        meta = {"cpu": cpu_name(), "flags": _core._cpu_features()[0], "bandwidth": bandwidth}
+        meta: dict[str, object] = {"cpu": cpu_name(), "flags": _core._cpu_features()[0]}
+        meta["bandwidth"] = bandwidth
         meta |= {"runner": "lean", "context": args.context, "rows": rows}
         args.json.write_text(json.dumps(meta, indent=2))
     return 0
