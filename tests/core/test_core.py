@@ -126,7 +126,8 @@ def test_free_sequence_returns_cells_nobody_else_holds() -> None:
 
 
 def test_occupancy_spec_examples() -> None:
-    """SPEC §5: a shared cell counted once, a partly used page in full, a duplicate once."""
+    """docs/preemption.md's pool rules: a shared cell counted once, a partly used page in full,
+    a duplicate once."""
     pool = pool_with(128, 16, 1, 33)  # 3 pages, the last holding 1 cell
     assert pool.cells_used() == 48  # a partly used page counts in full
     pool.fork(1, 2)

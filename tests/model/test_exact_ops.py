@@ -1,7 +1,8 @@
-"""Exact mode's ops (SPEC §6): close to the reference; a row's bits independent of its neighbours.
+"""Exact mode's ops (docs/exact.md): close to the reference; a row's bits independent of its
+neighbours.
 
 Bits are compared inside one process ("alone" against "in a batch"), never against stored values:
-golden bits differ between CPU models and BLAS versions (feasibility §3.1).
+golden bits differ between CPU models and BLAS versions.
 """
 
 from __future__ import annotations

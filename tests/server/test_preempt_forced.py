@@ -1,7 +1,8 @@
-"""Preemption acceptance tests on a real ``kvpark serve``, forced parks (SPEC §3.3, §3.4, §5).
+"""Preemption acceptance tests on a real ``kvpark serve``, forced parks (docs/server.md's streams
+and /slots, docs/preemption.md).
 
 Re-creates, in kvpark's own terms, the scenarios of the C++ original's ``test_preempt.py`` and
-``test_preempt_notify.py`` (reference/original-system.md §5.1, §5.2) where parks come on schedule,
+``test_preempt_notify.py`` where parks come on schedule,
 plus the refusals and the run without preemption; test_preempt_pressure.py has the pool that
 really fills. Three servers, each started once for the module:
 

@@ -1,9 +1,8 @@
-"""Preemption acceptance tests on a real ``kvpark serve`` whose pool really fills (SPEC §3.3, §3.4,
-§5): parks come from the planner only. The pressure scenarios of the C++ original's
-``test_preempt.py`` and ``test_preempt_notify.py`` (reference/original-system.md §5.1, §5.2) in
-kvpark's own terms: a covering victim, a late prompt parked in its prefill that rotates a resident
-out, keepalives, no overtaking, and clients that hang up while parked. test_preempt_forced.py has
-the parks on schedule.
+"""Preemption acceptance tests on a real ``kvpark serve`` whose pool really fills (docs/server.md,
+docs/preemption.md): parks come from the planner only. The pressure scenarios of the C++ original's
+``test_preempt.py`` and ``test_preempt_notify.py`` in kvpark's own terms: a covering victim, a late
+prompt parked in its prefill that rotates a resident out, keepalives, no overtaking, and clients
+that hang up while parked. test_preempt_forced.py has the parks on schedule.
 
 One server, started once for the module per policy:
 

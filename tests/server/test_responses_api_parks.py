@@ -1,4 +1,4 @@
-"""``/v1/responses`` streams across forced parks, and a dropped stream (SPEC §3.4, §5).
+"""``/v1/responses`` streams across forced parks, and a dropped stream (docs/server.md, "Streams").
 
 One server parks every generating request every 8 tokens (``KVPARK_PREEMPT_EVERY``, swap parks).
 The park notices must ride the Responses stream as the comments they are on a chat stream, paired

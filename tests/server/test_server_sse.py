@@ -99,7 +99,7 @@ def test_an_idle_stream_gets_plain_pings() -> None:
 def test_no_ping_opens_a_stream() -> None:
     # a request that waits for its first token, and is not queued, sends nothing: its first bytes
     # are a token, a notice or its error (which can then still be a plain JSON answer); a queued
-    # one opens with ": queued N" (SPEC §3.4, test_server_queued.py)
+    # one opens with ": queued N" (docs/server.md, "Streams"; test_server_queued.py)
     script: list[tuple[float, int, StreamEvent]] = [
         (0.5, 0, NoticeEvent("preempted")),
         (0.5, 0, NoticeEvent("resumed")),

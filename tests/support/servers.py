@@ -33,7 +33,7 @@ from support.metrics import scrape
 STARTUP_TIMEOUT_S = (
     300.0  # loading takes ~10 s alone; much longer while other suites share the cores
 )
-# every /slots entry has exactly these fields (SPEC §3.3)
+# every /slots entry has exactly these fields (docs/server.md, "GET /slots")
 SLOT_FIELDS = {
     "id",
     "state",

@@ -10,7 +10,7 @@ Every event carries ``sequence_number`` (0, 1, ...). The stream opens with ``res
 and ``response.in_progress`` (on its first token: a refusal before it is still a plain 4xx) and
 closes with ``response.completed``, or ``response.incomplete`` when the output ran into
 ``max_output_tokens``; that last object carries ``usage``, ``timings`` and the ``preempt`` record
-(SPEC §3.4) as the chat route's last chunk does.
+(docs/server.md, "Streams") as the chat route's last chunk does.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ repeats it with its current place every ``ping_interval`` (every 2 s when pings 
 first token or park notice, so no client waits in silence. In a request of several prompts each
 names its prompt last, as notices do: ``: queued 3 1`` is prompt 1 at place 3. No plain ping opens
 a stream: a request that is not queued sends its first bytes with its first token, park notice (a
-request parked before its first token opens its stream with the notice, SPEC §3.4) or error.
+request parked before its first token opens its stream with the notice: docs/server.md,
+"Streams") or error.
 
 Status and headers go out with the first frame, so a request the engine refuses or fails before
 anything is sent (a full wait queue: 503) still gets a plain JSON error with its own status; once a

@@ -19,7 +19,8 @@ fp32 decode attention 1.2-1.6x faster at 256-1024 cells per sequence and changed
 On the CPU with a float32 pool, decode rows skip the gather: ``cpu_attention`` reads their cells
 in place, all decode sequences in one Rust call per layer.
 
-This path is fast, not batch invariant (feasibility §3.5): exact mode brings its own attention.
+This path is fast, not batch invariant (SDPA's kernel and tiling follow the batch's shape):
+exact mode brings its own attention (docs/exact.md).
 """
 
 from __future__ import annotations

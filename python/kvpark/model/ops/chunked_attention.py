@@ -1,7 +1,8 @@
 """Batch-invariant paged attention for exact mode: fixed query tiles and key chunks, one code path.
 
 SDPA over a padded batch is not invariant: its result for a row changes with the padded length and
-differs between a prompt row and the same row as a decode step (feasibility §3.5). Here every shape
+differs between a prompt row and the same row as a decode step (measured: SDPA picks its kernel
+by shape). Here every shape
 a row's numbers pass through is fixed, whatever else is in the step:
 
 ```

@@ -1,5 +1,5 @@
 """Exact mode's attention: every row of a step computed on its own, one code path for prompt and
-decode rows (SPEC §6).
+decode rows (docs/exact.md).
 
 On the CPU (float32, bfloat16 or float16 pools), each row is one entry of the Rust kernel
 (``cpu_attention``): a row at position ``p`` reads its sequence's first ``p + 1`` cells in place,

@@ -1,8 +1,8 @@
 """RMSNorm, reduced in fp32 whatever the activations' dtype.
 
-Row-wise, so a row's result never depends on the other rows of the batch (feasibility §3.1): the
-exact op set can use it unchanged. ``rms_norm_cpu`` is the default set's version on the CPU: one
-Rust call (``rust/cpu_ops``) instead of torch's six ops, for contiguous float32 rows.
+Row-wise, so a row's result never depends on the other rows of the batch: the exact op set can
+use it unchanged. ``rms_norm_cpu`` is the default set's version on the CPU: one Rust call
+(``rust/cpu_ops``) instead of torch's six ops, for contiguous float32 rows.
 """
 
 from __future__ import annotations

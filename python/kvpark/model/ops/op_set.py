@@ -1,9 +1,9 @@
 """The numeric ops the model runs, chosen per mode as one :class:`OpSet`.
 
 ``llama.py`` calls every matmul, norm, rope, KV store and attention through an OpSet, never torch
-directly, so that exact mode (SPEC §6) can swap in batch-invariant versions without touching the
-model.
-``OpSet.default()`` is the fast torch reference path; ``OpSet.exact()`` is row-invariant (SPEC §6):
+directly, so that exact mode (docs/exact.md) can swap in batch-invariant versions without
+touching the model.
+``OpSet.default()`` is the fast torch reference path; ``OpSet.exact()`` is row-invariant:
 fixed row tiles for matmuls and, for attention, one kernel entry per row on the CPU (fixed query
 tiles and key chunks elsewhere), with the row-wise norm, rope and KV store of the default set.
 A weight is a tensor or a ``BlockWeight`` (a GGUF block-quantised matrix kept as blocks,
@@ -101,7 +101,7 @@ _EXACT = OpSet(
     name="exact",
     row_invariant=True,
     linear=with_blocks(tiled_linear.tiled_linear),
-    rms_norm=norm.rms_norm_cpu,  # row-wise reductions: invariant as they are (feasibility §3.1)
+    rms_norm=norm.rms_norm_cpu,  # row-wise reductions: invariant as they are
     rope=rope.apply_rope,  # elementwise products and sums: exact per element
     store_kv=kv_cache.store_kv,
     prepare_attention=exact_attention.prepare,

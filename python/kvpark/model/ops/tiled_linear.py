@@ -1,12 +1,12 @@
 """Batch-invariant matrix products for exact mode: every row goes through a GEMM of one fixed shape.
 
 BLAS picks its kernel, blocking and reduction order from the call's shape, so a row's result from
-``F.linear`` changes with the number of rows beside it (feasibility §3.1: every M >= 2 differs
+``F.linear`` changes with the number of rows beside it (measured: every M >= 2 differs
 from M = 1 in fp32 on this kind of CPU). Here the rows are cut into tiles of exactly ``ROW_TILE``
 rows, the last one zero-padded, and the tiles go through ONE ``torch.bmm`` whose every batch
 element is a ``[ROW_TILE, in] x [in, out]`` product: the shape BLAS sees per tile never changes,
-and ``bmm`` is invariant to its batch dimension (feasibility addendum). A row's bits then depend
-only on the row.
+and ``bmm`` is invariant to its batch dimension (tests/model/test_exact_ops.py holds it). A
+row's bits then depend only on the row.
 
 The weight is broadcast to the batch with a stride-0 ``expand``, never copied. The bias is added
 after the product, elementwise, so no GEMM ever folds it into its accumulator.
