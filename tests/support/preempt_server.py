@@ -1,6 +1,6 @@
 """Streams, watchers and checks for the preemption scenarios on a real ``kvpark serve``
-(tests/server/test_preempt_forced.py and test_preempt_pressure.py; docs/server.md and
-docs/preemption.md).
+(tests/server/test_preempt_forced.py, test_preempt_recompute.py, test_preempt_pressure.py and
+test_preempt_late_prompt.py; docs/server.md and docs/preemption.md).
 
 Prompts are token-id lists, so every length, and so every page count, is exact. Pages are 16 cells;
 the planner parks when ``used + step + 1 page of margin > pool``, so the scenarios are laid out in

@@ -1,35 +1,21 @@
-"""The command line: flags and their KVPARK_<NAME> mirrors become configs; bad ones exit 2 clearly.
+"""The command line's flags and their KVPARK_<NAME> mirrors become configs; bad ones exit 2 clearly.
 
-Parsing is tested in-process (fast); one subprocess checks ``python -m kvpark`` itself, and one
-``kvpark generate`` run loads the real default model.
+Parsed in-process (fast): ``serve``'s flags and env mirrors (the command line wins), bad flags and
+bad env values as usage errors, ``--help``'s defaults in words, ``--version``, a positional model,
+the logging flags, ``--api-key-file`` and the internal knobs. test_cli_runs.py runs the command in
+processes; the CPU-path and HTTP-stack flags have files of their own.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvpark.cli import main as cli
-from kvpark.cli.flags import engine_config
-from kvpark.cli.server_flags import server_config
 from kvpark.config import env
-
-
-def parse(argv: list[str]) -> tuple[object, object]:
-    args = cli.build_parser().parse_args(argv)
-    return engine_config(args, args.parser), server_config(args, args.parser)
-
-
-def exit_code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as raised:
-        cli.main(argv)
-    return int(raised.value.code or 0), capsys.readouterr().err
+from support.cli_args import exit_code_and_error, help_text, parse
 
 
 def test_serve_flags_become_configs() -> None:
@@ -171,14 +157,6 @@ def test_bad_env_values_exit_2_naming_the_variable(
             assert code == 2 and name in err
 
 
-def help_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """``--help`` output, whitespace folded (argparse wraps lines anywhere)."""
-    with pytest.raises(SystemExit) as raised:
-        cli.main(argv)
-    assert raised.value.code == 0
-    return " ".join(capsys.readouterr().out.split())
-
-
 @pytest.mark.parametrize("command", ["serve", "generate"])
 def test_help_shows_every_flags_default_in_words(
     command: str, capsys: pytest.CaptureFixture[str]
@@ -251,164 +229,6 @@ def test_knobs_parse_from_env() -> None:
     assert knobs == env.Knobs(preempt_every=8, preempt_fail_save=False, preempt_planner=False)
     with pytest.raises(ValueError, match="KVPARK_PREEMPT_EVERY"):
         env.Knobs.from_env({"KVPARK_PREEMPT_EVERY": "-1"})
-
-
-def run_module(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    import kvpark
-
-    package_root = str(Path(kvpark.__file__).resolve().parent.parent)
-    environ = {**os.environ, "PYTHONPATH": package_root}
-    return subprocess.run(
-        [sys.executable, "-m", "kvpark", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environ,
-    )
-
-
-def test_python_dash_m_kvpark_exits_2_on_a_bad_flag_and_dispatches_bench() -> None:
-    bad = run_module("serve", "--kv-cells", "nope")
-    assert bad.returncode == 2 and "--kv-cells" in bad.stderr
-    bench = run_module("bench", "--help")
-    assert bench.returncode == 0 and "bench" in bench.stdout
-
-
-def test_generate_runs_the_default_model() -> None:
-    result = run_module(
-        "generate",
-        "Hello",
-        "The sky is",
-        "--max-tokens",
-        "3",
-        "--json",
-        "--dtype",
-        "float32",
-        "--threads",
-        "1",
-        "--kv-cells",
-        "1024",
-    )
-    assert result.returncode == 0, result.stderr
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert [line["prompt"] for line in lines] == ["Hello", "The sky is"]
-    assert all(line["error"] is None and line["texts"][0] for line in lines)
-
-
-@pytest.mark.parametrize(
-    ("argv", "named"),
-    [
-        (["--kv-dtype", "int8"], "--kv-dtype"),
-        (["--prompt-path", "fast"], "--prompt-path"),
-        (["--block-dot", "int4"], "--block-dot"),
-    ],
-)
-def test_the_cpu_path_flags_refuse_a_bad_value(
-    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        cli.build_parser().parse_args(["serve", *argv])
-    assert exit_.value.code == 2 and named in capsys.readouterr().err
-
-
-def test_a_bad_cpu_isa_cap_exits_2_naming_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("KVPARK_CPU_ISA", "sse9")
-    args = cli.build_parser().parse_args(["serve"])
-    with pytest.raises(SystemExit) as exit_:
-        engine_config(args, args.parser)
-    assert exit_.value.code == 2 and "KVPARK_CPU_ISA" in capsys.readouterr().err
-
-
-def test_the_cpu_path_flags_reach_the_model_config() -> None:
-    args = cli.build_parser().parse_args(
-        ["serve", "--kv-dtype", "float32", "--prompt-path", "same", "--block-dot", "float32"]
-    )
-    model = engine_config(args, args.parser).model
-    assert (model.kv_dtype, model.prompt_path, model.block_dot) == ("float32", "same", "float32")
-
-
-@pytest.mark.parametrize(
-    ("spelt", "name"),
-    [
-        ("auto", "auto"),
-        ("f32", "float32"),
-        ("bf16", "bfloat16"),
-        ("f16", "float16"),
-        ("float32", "float32"),
-        ("bfloat16", "bfloat16"),
-        ("float16", "float16"),
-    ],
-)
-def test_kv_dtype_takes_short_and_long_names_from_flag_and_env(
-    spelt: str, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    args = cli.build_parser().parse_args(["serve", "--kv-dtype", spelt])
-    assert engine_config(args, args.parser).model.kv_dtype == name
-    monkeypatch.setenv("KVPARK_KV_DTYPE", spelt)
-    args = cli.build_parser().parse_args(["serve"])
-    assert args.kv_dtype == name
-
-
-def test_a_bad_kv_dtype_exits_2_naming_every_choice(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        cli.build_parser().parse_args(["serve", "--kv-dtype", "fp8"])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "--kv-dtype" in err and "'fp8'" in err
-    assert "auto, f32, bf16, f16, float32, bfloat16, float16" in err
-
-
-def test_help_names_every_kv_dtype(capsys: pytest.CaptureFixture[str]) -> None:
-    text = help_text(["serve", "--help"], capsys)
-    at = text.index("--kv-dtype KV_DTYPE the")  # the entry, not the usage line
-    entry = text[at : text.index("--prompt-path", at)]
-    for name in ("f32", "bf16", "f16", "float32", "bfloat16", "float16", "auto"):
-        assert f" {name}" in entry, name
-
-
-def test_the_http_stack_flag_picks_the_loop_and_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--http-stack``: uvloop + httptools by default (both are dependencies), asyncio + h11 as
-    the off switch, and an unknown name refused by the parser."""
-    import asyncio
-
-    import uvloop
-
-    from kvpark.server.run import http_stack
-
-    _, default = parse(["serve"])
-    assert default.http_stack == "auto"  # type: ignore[attr-defined]
-    assert http_stack("auto") == (uvloop.new_event_loop, "httptools")
-    assert http_stack("uvloop") == (uvloop.new_event_loop, "httptools")
-    assert http_stack("asyncio") == (None, "h11")
-    loop = http_stack("auto")[0]
-    assert loop is not None and isinstance(loop(), asyncio.AbstractEventLoop)
-    _, off = parse(["serve", "--http-stack", "asyncio"])
-    assert off.http_stack == "asyncio"  # type: ignore[attr-defined]
-    monkeypatch.setenv("KVPARK_HTTP_STACK", "asyncio")
-    _, from_env = parse(["serve"])
-    assert from_env.http_stack == "asyncio"  # type: ignore[attr-defined]
-    monkeypatch.delenv("KVPARK_HTTP_STACK")
-    with pytest.raises(SystemExit):
-        parse(["serve", "--http-stack", "trio"])
-
-
-def test_http_stack_uvloop_without_its_packages_is_a_usage_error(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Where uvloop is missing, ``auto`` falls back to asyncio + h11 and an explicit ``uvloop``
-    is refused before any model loads, naming the flag."""
-    import importlib.util
-
-    from kvpark.server.run import http_stack
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
-    )
-    assert http_stack("auto") == (None, "h11")
-    code, err = exit_code_and_error(["serve", "--http-stack", "uvloop"], capsys)
-    assert code == 2 and "--http-stack uvloop needs" in err
 
 
 @pytest.mark.parametrize("name", ["KVPARK_GC_FREEZE", "KVPARK_RELEASE_GPU_LIBS"])
