@@ -2,11 +2,13 @@
 model is built over: tiny GGUF files of each variant (Llama's permuted Q/K rows and rope factors,
 Qwen2's biases and an untied head, Qwen3's per-head norms, K-quants), written here with the
 ``gguf`` package's quantisers, must give the torch model the same arrays bit for bit, and both
-the values ``gguf`` itself reads and dequantises (unpermuted and fused here, independently); a
-file the decoder cannot run whole is refused with the tensor named."""
+the values ``gguf`` itself reads and dequantises (unpermuted and fused here, independently); dense
+F32/F16/BF16 matrices are kept as stored, and a file the decoder cannot run whole is refused
+with the tensor named."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gguf
@@ -23,6 +25,7 @@ from kvpark.model.numpy_weights import Unfit, decoder_unfit, load_numpy_weights,
 from kvpark.model.ops import BlockWeight
 from kvpark.model.rope_angles import rope_angles
 from kvpark.model.torch_weights import torch_model as torch_model_over
+from kvpark.model.weight_arrays import widened
 from support.kquants import random_kquant
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 256, 4, 2, 512, 96, 2
@@ -42,8 +45,9 @@ def write_tiny(
     qk_norm: bool = False,
     rope_freqs: bool = False,
     mixed_qkv: bool = False,
+    v: Q | None = None,
 ) -> None:
-    """A 2-layer model with random weights; ``head`` None: tied to the embedding."""
+    """A 2-layer random model; ``head`` None: tied to the embedding; ``v``: V's type, if not Q's."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
@@ -82,7 +86,8 @@ def write_tiny(
         vector(p + "ffn_norm.weight", HIDDEN)
         matrix(p + "attn_q.weight", HEADS * HEAD_DIM, HIDDEN, attn)
         matrix(p + "attn_k.weight", KV_HEADS * HEAD_DIM, HIDDEN, attn)
-        matrix(p + "attn_v.weight", KV_HEADS * HEAD_DIM, HIDDEN, Q.Q8_0 if mixed_qkv else attn)
+        v_type = v or (Q.Q8_0 if mixed_qkv else attn)
+        matrix(p + "attn_v.weight", KV_HEADS * HEAD_DIM, HIDDEN, v_type)
         matrix(p + "attn_output.weight", HIDDEN, HEADS * HEAD_DIM, attn)
         matrix(p + "ffn_gate.weight", FFN, HIDDEN, mlp)
         matrix(p + "ffn_up.weight", FFN, HIDDEN, mlp)
@@ -147,7 +152,7 @@ def dequantised(m: object) -> np.ndarray:
         return m.dequantize().numpy()
     if isinstance(m, torch.Tensor):
         return m.detach().numpy()
-    return m.dequantize() if isinstance(m, Blocks) else np.asarray(m)
+    return m.dequantize() if isinstance(m, Blocks) else widened(np.asarray(m)).astype(np.float32)
 
 
 def same_blocks(ours: Blocks, theirs: object) -> bool:
@@ -272,22 +277,44 @@ def test_a_k_quant_file_is_decoder_weights_gguf_dequantises_alike(
             assert same_blocks(layer.matrices[attr], getattr(block, attr)), attr
 
 
-@pytest.mark.parametrize(
-    ("options", "named"),
-    [
-        (dict(attn=Q.F32), "q_proj.weight is F32"),
-        (dict(head=Q.Q6_K), "lm_head.weight is Q6_K"),
-        (dict(mixed_qkv=True), "layer 0's qkv_w"),
-        (dict(attn=Q.Q4_K, mixed_qkv=True), r"layer 0's qkv_w: .*kinds \['q4', 'q8'\]"),
-        (dict(mlp=Q.Q6_K), "gate_proj.weight is Q6_K"),
-    ],
-)
-def test_a_file_the_decoder_cannot_run_whole_is_unfit(
-    tmp_path: Path, options: dict[str, object], named: str
-) -> None:
+MIXED = r"layer 0's qkv_w: its parts are of more than one kind \(.*"
+REFUSED = {  # one case per thing the decoder cannot multiply
+    "a Q6_K head": (dict(head=Q.Q6_K), "lm_head.weight is Q6_K"),
+    "Q6_K MLP matrices": (dict(mlp=Q.Q6_K), "gate_proj.weight is Q6_K"),
+    "Q4_0, Q8_0 in one": (dict(mixed_qkv=True), "layer 0's qkv_w"),
+    "Q4_K, Q8_0 in one": (dict(attn=Q.Q4_K, mixed_qkv=True), r"qkv_w: .*kinds \['q4', 'q8'\]"),
+    "Q4_0, F16 in one": (dict(attn=Q.Q4_0, v=Q.F16), MIXED + r"q_proj.weight Q4_0.*v_\S+ F16"),
+    "F16, BF16 in one": (dict(attn=Q.F16, v=Q.BF16), MIXED + r"k_proj.weight F16.*v_\S+ BF16"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_file_the_decoder_cannot_run_whole_is_unfit(tmp_path: Path, case: str) -> None:
+    """A quant type without a product, or a fused matrix of two kinds: the torch model's."""
+    options, named = REFUSED[case]
     path = tmp_path / "tiny.gguf"
     write_tiny(path, "llama", **options)  # type: ignore[arg-type]
     with pytest.raises(Unfit, match=named):
         load_numpy_weights(GgufFile(str(path)))
-    model = torch_model(path)  # the torch model takes it: dense where the decoder needs blocks
+    assert re.search(named, decoder_unfit(read_gguf(GgufFile(str(path)), blocks=True)) or "")
+    model = torch_model(path)
     assert_as_gguf_reads(path, list(model.layers), model.embed_blocks, model.lm_head)
+
+
+DENSE_FILES = {  # F16 tied, BF16 untied, F32 beside Q8_0 MLP blocks; kept as stored, no copy
+    Q.F16: dict(attn=Q.F16, mlp=Q.F16, embed=Q.F16),
+    Q.BF16: dict(attn=Q.BF16, mlp=Q.BF16, embed=Q.BF16, head=Q.BF16),
+    Q.F32: dict(attn=Q.F32),
+}
+
+
+@pytest.mark.parametrize("qtype", list(DENSE_FILES), ids=lambda q: q.name)
+def test_dense_matrices_are_decoder_weights_in_the_files_dtype(tmp_path: Path, qtype: Q) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_tiny(path, "llama", **DENSE_FILES[qtype])  # type: ignore[arg-type]
+    ours = load_numpy_weights(GgufFile(str(path)))
+    assert decoder_unfit(ours) is None and not ours.unfit_why
+    dtype = {Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.uint16}[qtype]
+    assert all(ours.layers[0].matrices[m].dtype == dtype for m in ("qkv_w", "o_w"))
+    assert (ours.head is ours.embed) == ("head" not in DENSE_FILES[qtype])
+    assert_as_gguf_reads(path, ours.layers, ours.embed, ours.head)

@@ -7,8 +7,9 @@ Q4_0, Q4_1, Q8_0, or Q4_K / Q5_K repacked; gguf_blocks.py, kquant_repack.py) or 
 float32 or float16, or bfloat16 as its uint16 bits (numpy has no bfloat16; no checkpoint holds
 uint16 weights, so the dtype says it).
 
-``NumpyWeights[Matrix]`` may hold either; bare ``NumpyWeights`` (``NumpyWeights[Blocks]``) is
-what the decoder runs, every matrix in blocks (numpy_weights.decoder_unfit says why not).
+``NumpyWeights`` holds either. The Rust decoder of the lean runner multiplies both: blocks, and a
+dense matrix of values as the file stores them (F32, F16 or BF16; ``unfit_why`` names each matrix
+it cannot take and why, numpy_weights.decoder_unfit reports it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from kvpark.model.gguf_blocks import Blocks
 F32 = npt.NDArray[np.float32]
 Dense = npt.NDArray[Any]  # float32, float16, or uint16: bfloat16 bits
 Matrix = Blocks | Dense
-M = TypeVar("M", bound=Matrix, default=Blocks)
+M = TypeVar("M", bound=Matrix, default=Matrix)
+# the file formats (GGML type names, safetensors dtypes) the decoder multiplies as they are
+DENSE_FORMATS = ("F32", "F16", "BF16")
+# the arrays they are read into (BF16 as its bits)
+DENSE_ARRAYS: tuple[type[np.generic], ...] = (np.float32, np.float16, np.uint16)
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,9 @@ class NumpyWeights(Generic[M]):
     head: M  # the output matrix; the embedding itself when tied
     norm: F32
     rope_freqs: F32 | None  # a GGUF's llama3 rope scaling (per-frequency divisors), if any
-    # why each dense matrix is not in blocks: "layer 0's qkv_w", "the embedding", "the head" ->
-    # the tensor and its format, or the fused parts' kinds
-    dense_why: dict[str, str] = field(default_factory=dict)
+    # why the decoder cannot multiply a matrix, for each it cannot: "layer 0's qkv_w", "the
+    # embedding", "the head" -> the tensor and its format, or the fused parts' kinds
+    unfit_why: dict[str, str] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:

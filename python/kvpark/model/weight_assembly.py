@@ -3,9 +3,12 @@ assembled into ``NumpyWeights``: each tensor put in its layer, the fused matrice
 gate/up; weight_names.py), vectors widened to float32, every shape checked against the
 architecture. The one fusing code for the torch model and the lean runner.
 
-A fused matrix whose parts are all blocks of one kind stays blocks (``Blocks.cat``); one with a
-dense part, or blocks of two kinds, is dequantised whole (each part as its blocks dequantise),
-and ``dense_why`` records why: what numpy_weights.decoder_unfit reports.
+A fused matrix whose parts are all blocks of one kind stays blocks (``Blocks.cat``), and one
+whose parts are all dense of one dtype stays in it; one that mixes kinds is dequantised and
+widened whole to float32 (each part exactly), which the torch model takes and the decoder does
+not. ``unfit_why`` records why for every matrix the decoder cannot multiply (that, or a tensor
+neither in blocks nor dense F32/F16/BF16, a Q6_K one say): what numpy_weights.decoder_unfit
+reports.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import numpy as np
 from kvpark.model.arch import ModelArch, ModelLoadError
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.weight_arrays import (
+    DENSE_ARRAYS,
+    DENSE_FORMATS,
     F32,
     Dense,
     Matrix,
@@ -35,8 +40,8 @@ def assemble_weights(
     arch: ModelArch, tensors: Iterable[NamedTensor], where: str, *, strict: bool = False
 ) -> NumpyWeights[Matrix]:
     """The weights of ``arch`` from ``tensors`` (any order); ``where`` names the checkpoint in
-    errors. ``strict``: raise Unfit at the first matrix that is not in blocks (the lean runner's
-    load stops there rather than read the rest for nothing)."""
+    errors. ``strict``: raise Unfit at the first matrix the decoder cannot multiply (the lean
+    runner's load stops there rather than read the rest for nothing)."""
     layer_parts: list[dict[str, dict[int, NamedTensor]]] = [{} for _ in range(arch.n_layers)]
     bias_parts: list[dict[int, F32]] = [{} for _ in range(arch.n_layers)]
     layers: list[NumpyLayer[Matrix]] = [NumpyLayer() for _ in range(arch.n_layers)]
@@ -49,8 +54,8 @@ def assemble_weights(
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             if name == "lm_head.weight" and arch.tie_embeddings:
                 continue  # a tied checkpoint's copy of the head: the embedding is what HF uses
-            if strict and not isinstance(t.value, Blocks):
-                raise Unfit(not_blocks(t))
+            if strict and not runnable(t):
+                raise Unfit(not_runnable(t))
             found[name] = t
             continue
         if name == "model.norm.weight":
@@ -64,8 +69,8 @@ def assemble_weights(
             raise ModelLoadError(f"unexpected tensor {name!r} for a {arch.arch} model")
         i, (attr, part) = int(m.group(1)), LAYER_NAMES[m.group(2)]
         if attr in MATRICES:
-            if strict and not isinstance(t.value, Blocks):
-                raise Unfit(not_blocks(t))
+            if strict and not runnable(t):
+                raise Unfit(not_runnable(t))
             layer_parts[i].setdefault(attr, {})[part or 0] = t
         elif attr == "qkv_b":
             bias_parts[i][part or 0] = vector(t)
@@ -77,10 +82,10 @@ def assemble_weights(
     head = found.get("lm_head.weight")
     if head is None and not arch.tie_embeddings:
         raise ModelLoadError(f"{where}: no output matrix (output.weight, lm_head.weight)")
-    dense_why: dict[str, str] = {}
+    unfit_why: dict[str, str] = {}
     for what, matrix in (("the embedding", embed), ("the head", head)):
-        if matrix is not None and not isinstance(matrix.value, Blocks):
-            dense_why[what] = not_blocks(matrix)
+        if matrix is not None and not runnable(matrix):
+            unfit_why[what] = not_runnable(matrix)
     for i, layer in enumerate(layers):
         for attr, n_parts in MATRICES.items():
             got = layer_parts[i].get(attr, {})
@@ -91,31 +96,47 @@ def assemble_weights(
                 why = f"layer {i}'s {attr}: {why}"
                 if strict:
                     raise Unfit(why)
-                dense_why[f"layer {i}'s {attr}"] = why
+                unfit_why[f"layer {i}'s {attr}"] = why
         layer_parts[i].clear()  # the parts' memory goes as each layer is fused
         if bias_parts[i]:
             layer.vectors["qkv_b"] = np.concatenate([bias_parts[i][j] for j in range(3)])
     head_value = embed.value if head is None else head.value  # tied: the same object
-    weights = NumpyWeights(arch, layers, embed.value, head_value, norm, rope_freqs, dense_why)
+    weights = NumpyWeights(arch, layers, embed.value, head_value, norm, rope_freqs, unfit_why)
     check_shapes(weights)
     return weights
 
 
-def not_blocks(t: NamedTensor) -> str:
-    return f"{t.name} is {t.fmt}, not {KEPT_NAMES} blocks"
+def runnable(t: NamedTensor) -> bool:
+    """Whether the decoder multiplies this tensor as read: blocks, or dense values as the file
+    stores them (a tensor dequantised from another type, Q6_K say, is float32 it never held)."""
+    v = t.value
+    return isinstance(v, Blocks) or (t.fmt in DENSE_FORMATS and v.dtype.type in DENSE_ARRAYS)
+
+
+def not_runnable(t: NamedTensor) -> str:
+    return (
+        f"{t.name} is {t.fmt}, which the decoder does not multiply (it takes {KEPT_NAMES} "
+        "blocks, or dense F32, F16 or BF16)"
+    )
 
 
 def fused(parts: list[NamedTensor]) -> tuple[Matrix, str | None]:
-    """The parts' rows in order as one matrix, and why it is not blocks (None where it is)."""
+    """The parts' rows in order as one matrix, and why the decoder cannot multiply it (None
+    where it can: blocks of one kind, or dense values of one dtype)."""
     values = [p.value for p in parts]
     blocks = [v for v in values if isinstance(v, Blocks)]
+    why: str | None = None
     if len(blocks) == len(values):
         try:
             return (values[0] if len(values) == 1 else Blocks.cat(blocks)), None
         except ValueError as e:
-            why: str | None = str(e)
-    else:
-        why = not_blocks(next(p for p in parts if not isinstance(p.value, Blocks)))
+            why = str(e)
+    elif not all(runnable(p) for p in parts):
+        why = not_runnable(next(p for p in parts if not runnable(p)))
+    elif blocks or len({p.fmt for p in parts}) > 1:
+        # one matrix multiplies one kind of value: this one would be a float32 copy of them all
+        kinds = ", ".join(f"{p.name} {p.fmt}" for p in parts)
+        why = f"its parts are of more than one kind ({kinds})"
     arrays: list[Dense] = [v.dequantize() if isinstance(v, Blocks) else v for v in values]
     if len(arrays) == 1:
         return arrays[0], why

@@ -48,6 +48,26 @@ class Dense:
 
 
 Matrix = Blocks | Dense
+# a dense array's dtype -> its kind (numpy_weights' arrays: bfloat16 as its uint16 bits)
+_KIND_OF: dict[type[np.generic], DenseKind] = {
+    np.float32: "f32",
+    np.float16: "f16",
+    np.uint16: "bf16",
+}
+
+
+def decoder_matrix(m: Blocks | Array) -> Matrix:
+    """A matrix of the model's weights (numpy_weights.py) as the decoder takes it: blocks as they
+    are, a dense array as ``Dense`` of its kind, in its own dtype (a bf16 checkpoint stays 16
+    bits). A view the file's mapping left unaligned (safetensors packs tensors by bytes) is copied
+    to an aligned one: the decoder reads its values as typed slices. ValueError for any other
+    array (numpy_weights.decoder_unfit refuses those first)."""
+    if isinstance(m, Blocks):
+        return m
+    kind = _KIND_OF.get(m.dtype.type)
+    if kind is None or m.ndim != 2:
+        raise ValueError(f"the decoder takes f32, f16 or bf16 matrices, not {m.dtype} {m.shape}")
+    return Dense(np.require(m, requirements=["C", "A"]), kind)
 
 
 @dataclass

@@ -14,7 +14,11 @@ plain (no AVX2)        int8 x blocks   int8 x blocks                     int8 x 
 
 The CPU has one execution stack, the Rust decoder (runner/lean_runner.py), so every ISA takes
 the GGUF's blocks: without AVX2 the kernels' plain Rust path runs them (slower than a dense BLAS
-at one row, but with no torch in the process and the same bits as every SIMD path).
+at one row, but with no torch in the process and the same bits as every SIMD path). The table is
+for block matrices; a model's dense ones (a Hugging Face checkpoint's, an F16 GGUF's) are
+multiplied as the file stores them (f32, f16, bf16) by float32 activations, on the same stack,
+whatever the block dot, in one fixed order that no row, tile or thread split changes (exact mode
+holds there too; rust/cpu_ops/src/dense).
 
 Block products round the activations to int8 per block of 32 (``--block-dot auto``: int8,
 llama.cpp's own arithmetic, whose greedy tokens agree with llama.cpp's on the parity prompts:
@@ -31,6 +35,9 @@ force: the parity prompts' 32 greedy tokens equal the float32 pool's
 auto is bfloat16; under int8 activations neither does (the 8-bit rounding turns the cells' last
 bits into different near-ties within 32 tokens), so auto is float32 there. A float16 model keeps
 float16 cells; f16, bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
+The rule keys on the block dot, before the model is read: a model without blocks (a Hugging Face
+checkpoint on the lean runner, float32 activations throughout) keeps the pool it picks, float32
+under the default int8 dot, since the greedy rule was measured on the default model's blocks.
 
 Under an explicit dense prompt path a step takes the dense GEMM when its prompt chunks (items of
 more than one row) hold at least ``PROMPT_MIN_ROWS`` rows in all (``step_rows.takes_prompt_path``).
@@ -74,13 +81,23 @@ class CpuPaths:
     prompt_min_rows: int = PROMPT_MIN_ROWS
     # how block products multiply: int8 activations (llama.cpp's arithmetic) or float32 ones
     block_dot: str = "int8"
+    # dense matrices beside the blocks (or, blocks False, instead of them) that the lean runner
+    # multiplies as the file stores them, f32, f16 or bf16, with float32 activations
+    dense: bool = False
+
+    @property
+    def weights(self) -> str:
+        """What the matrices are: blocks, dense, or both (a GGUF with a dense head, say)."""
+        if not self.blocks:
+            return "dense"
+        return "blocks and dense" if self.dense else "blocks"
 
     def describe(self) -> dict[str, object]:
         """What ``/props`` shows (``cpu``)."""
         return {
             "isa": self.isa,
             "dtype": self.dtype,
-            "weights": "blocks" if self.blocks else "dense",
+            "weights": self.weights,
             "prompt_path": f"dense {self.prompt_dtype}" if self.prompt_dtype else "same",
             "prompt_min_rows": self.prompt_min_rows if self.prompt_dtype else None,
             "kv_dtype": self.kv_dtype,
@@ -89,7 +106,8 @@ class CpuPaths:
 
     def summary(self) -> str:
         """One line for the start-up log."""
-        decode = f"{self.dtype} x " + (f"blocks ({self.block_dot} dot)" if self.blocks else "dense")
+        dot = f" ({self.block_dot} dot)" if self.blocks else ""
+        decode = f"{self.dtype} x {self.weights}{dot}"
         prompt = (
             f"dense {self.prompt_dtype} for chunks of >= {self.prompt_min_rows} rows"
             if self.prompt_dtype
@@ -109,8 +127,10 @@ def choose(
     exact: bool = False,
 ) -> CpuPaths:
     """The rule of the module docstring. ``features``: the effective flags (``isa`` and the
-    booleans). A model with no block matrices (a Hugging Face checkpoint, other quant types) loads
-    dense whatever ``blocks`` says. Raises ValueError for a combination that cannot run."""
+    booleans). ``blocks`` is whether a GGUF's block matrices stay blocks; a model's dense matrices
+    (a Hugging Face checkpoint's, other types') are dense whatever it says (the lean runner shows
+    what its model holds: ``CpuPaths.dense``). Raises ValueError for a combination that cannot
+    run."""
     isa = str(features.get("isa", "plain"))
     if dtype == "auto":
         # bf16 decode fails the greedy rule (its tokens part from float32's within 32 on the

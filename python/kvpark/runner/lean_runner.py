@@ -8,8 +8,11 @@ libraries), more than the default model and its KV pool together, and a CPU inst
 torch at all (the ``gpu`` extra brings it).
 
 It runs what the decoder runs, every step of it, on every ISA (plain Rust without AVX2): a GGUF
-whose matrices the decoder multiplies (model/numpy_weights.py, ``Unfit`` names the first one it
-cannot). Anything else goes to the torch runner, which ``why_not_lean`` names the reason for.
+file or a Hugging Face directory whose matrices the decoder multiplies (model/numpy_weights.py's
+``decoder_unfit``: blocks, or dense F32/F16/BF16 kept in the file's own dtype, so a bf16
+checkpoint is held in 16 bits and never copied to float32; ``Unfit`` names the first matrix it
+cannot take). Dense products take float32 activations whatever ``--block-dot`` says. Anything
+else goes to the torch runner, and ``why_not_lean`` or ``Unfit`` names the reason.
 
 ``/v1/embeddings`` (``embed``) runs the same decoder over a temporary pool of its own, with
 float32 activations against the blocks: the pool's cells are never touched.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -27,14 +30,16 @@ import numpy.typing as npt
 import kvpark._core as _core
 from kvpark.config.cpus import usable_cpus
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
-from kvpark.model.gguf_file import GgufFile, is_gguf
-from kvpark.model.numpy_weights import NumpyWeights, Unfit, load_numpy_weights
+from kvpark.model.gguf_blocks import Blocks
+from kvpark.model.numpy_weights import NumpyWeights, Unfit, fit_for_decoder, read_model
 from kvpark.model.rope_angles import rope_angles
-from kvpark.model.sources import default_model_path, gguf_tokenizer, return_freed_heap
+from kvpark.model.sources import default_model_path, return_freed_heap
 from kvpark.runner.cpu_decoder import (
     DecoderInputs,
     DecoderLayer,
+    Matrix,
     build_decoder,
+    decoder_matrix,
     run_hidden,
     run_step,
 )
@@ -52,12 +57,11 @@ def why_not_lean(config: ModelConfig) -> str | None:
     """Why the lean runner cannot run ``config`` (checked before any weight is read), or None."""
     if device_kind(config.device) != "cpu":
         return "the model runs on a GPU"
-    path = config.model or default_model_path()
-    if not (Path(path).is_file() and is_gguf(path)):
-        return "the model is not a GGUF file"
     paths = resolve_cpu_paths(config)
+    if paths.dtype != "float32":
+        return f"its activations are float32, not {paths.dtype} (--dtype)"
     if not paths.blocks:
-        return "its weights are dense (--weights dense, --dtype, or a CPU without AVX2)"
+        return "its weights are dense (--weights dense: every matrix dequantised to float32)"
     if paths.prompt_dtype is not None:
         return f"prompt chunks take a dense {paths.prompt_dtype} GEMM (--prompt-path)"
     return None
@@ -75,7 +79,13 @@ class LeanCpuRunner:
         name: str,
     ) -> None:
         self.model_config = model_config
-        self.cpu_paths: CpuPaths = resolve_cpu_paths(model_config)
+        self.embed_matrix, self.head_matrix, self.matrices = decoder_matrices(weights)
+        kinds = {isinstance(m, Blocks) for layer in self.matrices for m in layer.values()}
+        kinds |= {isinstance(self.embed_matrix, Blocks), isinstance(self.head_matrix, Blocks)}
+        # what /props shows: the weights this model holds (a safetensors model has no blocks)
+        self.cpu_paths: CpuPaths = replace(
+            resolve_cpu_paths(model_config), blocks=True in kinds, dense=False in kinds
+        )
         log.info("%s", self.cpu_paths.summary())
         threads = model_config.threads
         if model_config.exact:
@@ -99,16 +109,17 @@ class LeanCpuRunner:
 
     @classmethod
     def load(cls, config: EngineConfig) -> LeanCpuRunner:
-        """Read the model and build the runner; Unfit when a weight is not in blocks it takes."""
+        """Read the model (a GGUF file or a Hugging Face directory) and build the runner; Unfit
+        at the first matrix the decoder cannot multiply."""
         started = time.perf_counter()
         path = config.model.model or default_model_path()
-        g = GgufFile(path)
-        weights = load_numpy_weights(g)
-        tokenizer = gguf_tokenizer(g.metadata)
-        runner = cls(config.model, config.pool, weights, tokenizer, Path(path).name)
+        # dense_dtype None: each dense tensor in the dtype the file stores it in (no float32
+        # copy of a bf16 or f16 checkpoint); strict: a file the decoder refuses is read no further
+        weights, tokenizer, name = read_model(path, blocks=True, dense_dtype=None, strict=True)
+        runner = cls(config.model, config.pool, fit_for_decoder(weights), tokenizer, name)
         return_freed_heap()
         log.info(
-            "model %s loaded in %.1f s (numpy, %.0f MiB of block weights)",
+            "model %s loaded in %.1f s (numpy, %.0f MiB of weights)",
             runner.name,
             time.perf_counter() - started,
             weights.nbytes / 2**20,
@@ -124,11 +135,11 @@ class LeanCpuRunner:
         layers = [
             DecoderLayer(
                 attn_norm=layer.vectors["attn_norm"],
-                qkv=layer.matrices["qkv_w"],
-                o=layer.matrices["o_w"],
+                qkv=matrices["qkv_w"],
+                o=matrices["o_w"],
                 mlp_norm=layer.vectors["mlp_norm"],
-                gate_up=layer.matrices["gate_up_w"],
-                down=layer.matrices["down_w"],
+                gate_up=matrices["gate_up_w"],
+                down=matrices["down_w"],
                 k_cells=k,
                 v_cells=v,
                 qkv_bias=layer.vectors.get("qkv_b"),
@@ -136,12 +147,20 @@ class LeanCpuRunner:
                 q_norm=layer.vectors.get("q_norm"),
                 k_norm=layer.vectors.get("k_norm"),
             )
-            for layer, k, v in zip(w.layers, pool.k, pool.v, strict=True)
+            for layer, matrices, k, v in zip(w.layers, self.matrices, pool.k, pool.v, strict=True)
         ]
         rope = rope_angles(arch.inv_freq(w.rope_freqs), arch.max_position)
         inputs = DecoderInputs()
         decoder = build_decoder(
-            arch, layers, w.embed, w.norm, w.head, rope, pool.dtype, int8, inputs
+            arch,
+            layers,
+            self.embed_matrix,
+            w.norm,
+            self.head_matrix,
+            rope,
+            pool.dtype,
+            int8,
+            inputs,
         )
         return decoder, inputs
 
@@ -218,6 +237,15 @@ class LeanCpuRunner:
         pooled = hidden.mean(axis=0, dtype=np.float32)
         norm = float(np.linalg.norm(pooled))
         return np.asarray(pooled / np.float32(max(norm, 1e-12)), dtype=np.float32)
+
+
+def decoder_matrices(w: NumpyWeights) -> tuple[Matrix, Matrix, list[dict[str, Matrix]]]:
+    """The embedding, the head and each layer's matrices as the decoder takes them
+    (cpu_decoder.decoder_matrix), once for the runner's life; a tied head is the embedding's."""
+    embed = decoder_matrix(w.embed)
+    head = embed if w.head is w.embed else decoder_matrix(w.head)
+    layers = [{a: decoder_matrix(m) for a, m in layer.matrices.items()} for layer in w.layers]
+    return embed, head, layers
 
 
 def try_lean(config: EngineConfig) -> tuple[LeanCpuRunner | None, str | None]:
