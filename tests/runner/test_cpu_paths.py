@@ -1,7 +1,7 @@
 """The CPU's paths (cpu_paths.py): a fixed rule on the CPU's flags, the KVPARK_CPU_ISA switch that
-narrows them, and the rule's numeric conditions: every path this CPU can run gives the plain
-path's bits, and a prompt path or a 16-bit KV pool is only a default where its greedy tokens on the
-parity prompts equal float32's for 32 tokens.
+narrows them, and the rule's first numeric condition: every path this CPU can run gives the plain
+path's bits (test_cpu_path_greedy.py holds the others: a prompt path or a 16-bit KV pool is only a
+default where its greedy tokens equal float32's).
 """
 
 from __future__ import annotations
@@ -14,23 +14,13 @@ import sys
 import pytest
 import torch
 
-import kvpark
-from kvpark import SamplingParams, _core
-from kvpark.config.layers import ModelConfig
-from kvpark.model.ops import cpu_attention
-from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_MIN_ROWS, choose, resolve_cpu_paths
-from kvpark.runner.lean_runner import LeanCpuRunner
+from kvpark import _core
+from kvpark.runner.cpu_paths import KV_DTYPE_NAMES, PROMPT_MIN_ROWS, choose
 
 AVX512_BF16 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": True}
 AVX512 = {"isa": "avx512", "avx2": True, "avx512f": True, "avx512_bf16": False}
 AVX2 = {"isa": "avx2", "avx2": True, "avx512f": False, "avx512_bf16": False}
 PLAIN = {"isa": "plain", "avx2": False, "avx512f": False, "avx512_bf16": False}
-# the parity prompts of tests/model/test_model_parity.py
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the ocean.",
-    "Explain in two sentences why the sky is blue.",
-]
 
 
 @pytest.mark.parametrize(
@@ -188,151 +178,3 @@ def test_every_path_this_cpu_runs_gives_the_plain_bits(tmp_path: os.PathLike[str
         else:
             assert all(torch.equal(a, b) for a, b in zip(got, plain, strict=True)), cap
             assert all(o.abs().sum() > 0 for o in got)
-
-
-@pytest.fixture(scope="module")
-def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
-    """32 greedy tokens of each parity prompt with its prompt computed by each path (the chunk
-    threshold lowered so that these short prompts take it)."""
-    torch.set_num_threads(1)
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    out = {}
-    for path in ("same", "float32", "bfloat16"):
-        # a dense prompt GEMM is the torch runner's (over the same blocks)
-        llm = kvpark.LLM(
-            runner="torch",
-            weights="blocks",
-            prompt_path=path,
-            block_dot="float32",
-            threads=1,
-            kv_cells=1024,
-        )
-        runner = llm.engine.runner
-        assert isinstance(runner, kvpark.runner.torch_runner.TorchRunner)
-        if path != "same":
-            assert runner.prompt_min_rows == PROMPT_MIN_ROWS
-            runner.prompt_min_rows = 2
-        out[path] = [o.token_ids for o in llm.chat(chats, params)]
-    return out
-
-
-@pytest.mark.parametrize("path", ["float32", "bfloat16"])
-def test_a_dense_prompt_path_keeps_float32s_greedy_tokens(
-    greedy_by_prompt_path: dict[str, list[list[int]]], path: str
-) -> None:
-    """The condition a dense prompt path meets before it may be offered: on the parity prompts,
-    its greedy tokens equal the float32 block path's for 32 tokens."""
-    want = greedy_by_prompt_path["same"]
-    assert all(len(t) == 32 for t in want)
-    assert greedy_by_prompt_path[path] == want
-
-
-def test_greedy_tokens_do_not_change_beside_a_dense_prompt_chunk() -> None:
-    """A step that holds a prompt chunk runs its decode rows through the float32 dense copies
-    too, which differ from the blocks only in the order of their sums: a request's greedy tokens
-    are the same whether a long prompt's chunks share its steps or not (low bits may move in
-    normal mode; exact mode is the bitwise promise)."""
-    torch.set_num_threads(1)
-    llm = kvpark.LLM(
-        runner="torch",
-        weights="blocks",
-        threads=1,
-        kv_cells=2048,
-        max_batch_tokens=256,
-        prompt_path="float32",
-        block_dot="float32",
-    )
-    assert llm.engine.runner.prompt_min_rows == PROMPT_MIN_ROWS
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    short = ["Once upon a time,", "The capital of France is"]
-    alone = [o.token_ids for o in llm.generate(short, params)]
-    long_prompt = "The river runs to the sea and the sea runs to the sky. " * 40
-    both = [o.token_ids for o in llm.generate([*short, long_prompt], params)][:2]
-    assert both == alone and all(len(t) == 24 for t in alone)
-
-
-@pytest.fixture(scope="module")
-def greedy_by_kv_dtype() -> dict[str, dict[str, list[list[int]]]]:
-    """Under each block product, 32 greedy tokens of each parity prompt with each pool (spelt as
-    --kv-dtype takes them), and each pool's bytes per cell."""
-    torch.set_num_threads(1)
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    out: dict[str, dict[str, list[list[int]]]] = {}
-    for dot in ("float32", "int8"):
-        got = out.setdefault(dot, {})
-        for spelt, kv_dtype in (("f32", "float32"), ("bf16", "bfloat16"), ("f16", "float16")):
-            llm = kvpark.LLM(runner="lean", kv_dtype=spelt, block_dot=dot, threads=1, kv_cells=1024)
-            runner = llm.engine.runner
-            assert isinstance(runner, LeanCpuRunner)
-            assert runner.pool.dtype == kv_dtype
-            got[kv_dtype] = [o.token_ids for o in llm.chat(chats, params)]
-            got[f"{kv_dtype} bytes"] = [[runner.bytes_per_cell()]]
-    return out
-
-
-@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16"])
-def test_a_16_bit_pool_takes_half_the_bytes(
-    greedy_by_kv_dtype: dict[str, dict[str, list[list[int]]]], kv_dtype: str
-) -> None:
-    got = greedy_by_kv_dtype["int8"]
-    assert all(len(t) == 32 for t in got["float32"])
-    half = got[f"{kv_dtype} bytes"][0][0]
-    assert 2 * half == got["float32 bytes"][0][0]
-
-
-@pytest.mark.parametrize("dot", ["float32", "int8"])
-def test_the_default_pool_follows_the_rule_under_each_block_dot(
-    greedy_by_kv_dtype: dict[str, dict[str, list[list[int]]]], dot: str
-) -> None:
-    """Whatever ``auto`` picks on this machine is a 16-bit pool that keeps the float32 pool's
-    greedy tokens where one does, and the float32 pool where none does (under int8 activations:
-    their 8-bit rounding turns the cells' last bits into other near-ties within 32 tokens).
-
-    Under float32 activations bf16 cells keep them on every machine measured; f16 cells do where
-    prompt chunks run in float32 but not under a bf16 prompt GEMM (the third prompt parts at
-    token 20), which is why the rule is checked here, with this machine's own default
-    arithmetic, and not once for all."""
-    got = greedy_by_kv_dtype[dot]
-    keeping = [p for p in ("bfloat16", "float16") if got[p] == got["float32"]]
-    if dot == "float32":
-        assert "bfloat16" in keeping
-    paths = resolve_cpu_paths(ModelConfig(block_dot=dot))
-    assert paths.blocks  # every ISA multiplies the blocks
-    if keeping:
-        assert paths.kv_dtype in keeping
-    else:
-        assert paths.kv_dtype == "float32"
-
-
-@pytest.mark.parametrize("pool", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-def test_decode_attention_reads_a_16_bit_pool_as_its_values_widened(pool: torch.dtype) -> None:
-    """The kernel widens each 16-bit value exactly: the same bits as a float32 pool holding them
-    (the plain path's and every SIMD path's: the Rust tests compare those)."""
-    g = torch.Generator().manual_seed(11)
-    k16 = (torch.randn(4, 16, 3, 64, generator=g) * 4).to(pool)  # [pages, page, kv, d]
-    v16 = torch.randn(k16.shape, generator=g).to(pool)
-    if pool == torch.float16:  # subnormals, zeros and the largest finite value among them
-        k16.view(-1)[:64] = torch.tensor([2.0**-24, -(2.0**-20), 0.0, -0.0] * 16).to(pool)
-        v16.view(-1)[:2] = torch.tensor([65504.0, -6.1e-5]).to(pool)
-    q = torch.randn(5, 6, 64, generator=g)  # 5 rows, 6 heads sharing 3 KV heads
-    cells = torch.randperm(64, generator=g)[:40].view(5, 8)
-    cells[0, 0] = 0  # the cell holding the special values
-    p = cpu_attention.plan(cells, list(range(5)), [8, 3, 5, 1, 7], [4, 0, 1, 3, 2])
-    narrow, wide = torch.zeros_like(q), torch.zeros_like(q)
-    cpu_attention.decode(q, k16, v16, p, narrow)
-    cpu_attention.decode(q, k16.float(), v16.float(), p, wide)
-    assert torch.equal(narrow, wide) and narrow.abs().sum() > 0 and narrow.isfinite().all()
-
-
-def test_the_default_engine_runs_int8_blocks_with_the_rules_pool() -> None:
-    """The defaults as a user gets them: on a CPU with AVX2, int8 activations against the GGUF's
-    blocks (llama.cpp's arithmetic, test_llamacpp_greedy.py), prompt rows on the same blocks, and
-    the pool the rule above picks for int8; on every ISA (plain Rust without AVX2)."""
-    torch.set_num_threads(1)
-    llm = kvpark.LLM(threads=1, kv_cells=256)
-    runner = llm.engine.runner
-    assert isinstance(runner, LeanCpuRunner)  # the decoder without torch (lean_runner.py)
-    assert runner.cpu_paths.block_dot == "int8" and runner.cpu_paths.prompt_dtype is None
-    assert runner.pool.dtype == "float32"

@@ -112,7 +112,7 @@ def test_graphs_are_wanted_only_for_the_triton_ops_on_cuda() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("exact", [True, False])
 def test_gpu_replayed_steps_match_eager_ones(exact: bool) -> None:
-    model = tiny_model()  # on CUDA where there is one (test_kernels.DEVICE)
+    model = tiny_model()  # on CUDA where there is one (support.tiny_model.DEVICE)
     ops = triton_ops() if exact else cuda_ops()
     kv_eager = kv_pool(model, DEVICE)
     kv_graph = clone(kv_eager)

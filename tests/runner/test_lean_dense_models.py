@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 import kvpark
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
@@ -38,8 +39,8 @@ from kvpark.runner.lean_runner import LeanCpuRunner, try_lean
 from kvpark.runner.torch_runner import TorchRunner
 from kvpark.sched.plan import StepItem, StepPlan
 from kvpark.tokenizer.tokenizer import Tokenizer
-from model.test_loader import VARIANTS, save_tiny
-from model.test_numpy_weights import Q, write_tiny
+from support.tiny_gguf import write_tiny
+from support.tiny_hf import VARIANTS, save_tiny
 
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]

@@ -17,8 +17,8 @@ import kvpark
 from kvpark import _core
 from kvpark.model.gguf_file import GgufFile
 from kvpark.tokenizer.tokenizer import Tokenizer
-from model.test_loader import save_tiny
 from support.servers import TEST_FLAGS, Server, free_port, stop_server, wait_healthy
+from support.tiny_hf import save_tiny
 
 NO_TORCH = """
 import sys

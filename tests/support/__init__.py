@@ -13,7 +13,9 @@
 - ``cli_args``: the command line parsed in-process (configs, usage errors, ``--help`` text);
 - ``hf_runner``: a custom runner on transformers' Llama, written against the public protocol.
 - ``kquants``: GGUF K-quant bytes (a reference quantiser, random valid blocks), which gguf cannot
-  write.
+  write;
+- ``tiny_gguf`` / ``tiny_hf``: tiny random GGUF files and Hugging Face checkpoints of each variant
+  the readers take, for the loading and runner tests.
 
 conftest.py registers this package for pytest's assertion rewriting, as if it were test code.
 """
