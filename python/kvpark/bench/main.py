@@ -6,13 +6,16 @@ one entry point of every published benchmark (docs/benchmarks.md, "How to reprod
     kvpark bench --scenario pressure --url http://127.0.0.1:8000 --label default
     kvpark bench --scenario cpu-comparison --peer llama-server --out bench-results
     kvpark bench build-llama-server --jobs 2
+    kvpark bench make-quant-files
 
 With ``--url`` (or a scenario that has no suite, such as ``sweep``) it drives the given servers:
 prints a table per server, writes ``<out>/<name>.json`` and ``<out>/<name>.png``; with several
 ``--url`` it runs them one after another and adds ratios against ``--baseline`` (default: the
 first). Exits 0 when every request succeeded, 1 when some failed, 2 on bad flags. A suite's
 scenario without ``--url`` hands the whole command line to the suite (``suites/``), which starts
-its own servers; ``build-llama-server`` builds the llama.cpp peer (``llama_build.py``).
+its own servers; ``build-llama-server`` builds the llama.cpp peer and its quantize tool
+(``llama_build.py``), ``make-quant-files`` the default model in each quant type
+(``quant_files.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from kvpark.bench.scenarios import SCENARIO_DEFAULTS, SCENARIOS
 from kvpark.bench.suites import SERVER_SCENARIOS, SUITES
 
 BUILD_PEER = "build-llama-server"
+MAKE_QUANT_FILES = "make-quant-files"  # the per-type GGUFs of --scenario quant-types
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -200,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvpark.bench import llama_build
 
         return llama_build.main(args_list[1:])
+    if args_list[:1] == [MAKE_QUANT_FILES]:
+        from kvpark.bench import quant_files
+
+        return quant_files.main(args_list[1:])
     suite = suite_of(args_list)
     if suite is not None:
         return SUITES[suite](args_list)

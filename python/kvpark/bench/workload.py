@@ -83,9 +83,14 @@ def prompt_text(seed: int, index: int, words: int, tag: str = "") -> str:
 
     Each request draws from its own generator, so request ``i`` is the same whatever the level size.
     """
+    return f"Write a long story that uses these words: {word_text(seed, index, words, tag)}"
+
+
+def word_text(seed: int, index: int, words: int, tag: str = "") -> str:
+    """``words`` seeded random words and nothing else: what :func:`prompt_text` puts after its
+    instruction, and a prompt that shares no prefix with another (a prefill measure's)."""
     rng = random.Random(f"kvpark-bench/{seed}/{tag}/{index}")
-    body = " ".join(rng.choice(_WORDS) for _ in range(words))
-    return f"Write a long story that uses these words: {body}"
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
 def build_requests(config: WorkloadConfig) -> list[RequestSpec]:

@@ -1,6 +1,7 @@
 """Suites: the published benchmarks, each one ``kvpark bench --scenario NAME`` that starts the
 servers it needs (``python -m kvpark serve``, llama.cpp's peers) one at a time, runs scenarios
-against them and writes ``<out>/<name>.json`` (and a PNG): ``cpu-comparison``, ``pressure`` and
+against them and writes ``<out>/<name>.json`` (and a PNG): ``cpu-comparison``, ``quant-types``
+(the same against llama-server on each quant type), ``pressure`` and
 ``multiturn`` (when no ``--url`` is given; with one, those two drive the given servers),
 ``exact-cost``, ``serving-overhead``; and the in-process benchmarks run as scripts
 (``in_process.py``). Each suite module has ``main(argv)``; ``SUITES`` maps names to them.
@@ -11,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from kvpark.bench.suites import cpu_comparison, exact_cost, multiturn, pressure, serving_overhead
+from kvpark.bench.suites import (
+    cpu_comparison,
+    exact_cost,
+    multiturn,
+    pressure,
+    quant_types,
+    serving_overhead,
+)
 from kvpark.bench.suites.in_process import SCRIPTS
 from kvpark.bench.suites.in_process import main as run_in_process
 
@@ -19,6 +27,7 @@ Suite = Callable[[list[str]], int]
 
 SUITES: dict[str, Suite] = {
     "cpu-comparison": cpu_comparison.main,
+    "quant-types": quant_types.main,
     "pressure": pressure.main,
     "multiturn": multiturn.main,
     "exact-cost": exact_cost.main,

@@ -9,34 +9,24 @@ table lines for docs/benchmarks.md). llama-server is the baseline of every ratio
 (one request at a time) is measured too when its venv exists, and skipped with a line otherwise
 (unless ``--peer`` names it). The targets are judged kvpark / llama-server and printed as MET /
 NOT MET: single-stream decode >= 1.0x (stretch 1.3x), aggregate at 8 chats >= 2.0x (stretch 3x),
-peak resident memory <= 2x at the same KV capacity. Server logs go to ``<out>/logs/``.
+peak resident memory <= 2x at the same KV capacity. Server logs go to ``<out>/logs/``. The
+servers' commands and their measuring are ``measured.py``'s, shared with ``quant-types``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from kvpark.bench.client import Target
 from kvpark.bench.compare import compare, format_comparison, payload, run
 from kvpark.bench.cpu_targets import OURS, format_goals, judge, markdown_rows
 from kvpark.bench.machine import cpu_name, kvpark_source, load_average, machine
 from kvpark.bench.options import BenchOptions
-from kvpark.bench.peak_rss import PeakRss
-from kvpark.bench.peers import (
-    DEFAULT_PEER_PYTHON,
-    llama_server_command,
-    llama_server_version,
-    peer_command,
-    peer_version,
-)
+from kvpark.bench.peers import DEFAULT_PEER_PYTHON, llama_server_version, peer_version
 from kvpark.bench.report import RunResult, format_table, write_json, write_plot
-from kvpark.bench.servers import kvpark_serve_command, managed_server
 from kvpark.bench.suites.arguments import (
     add_peer_flags,
     checked_options,
@@ -45,20 +35,11 @@ from kvpark.bench.suites.arguments import (
     parse_peers,
     suite_parser,
 )
+from kvpark.bench.suites.measured import available, commands, measured_server
 
 SCENARIO = "cpu-comparison"
 DEFAULT_PEERS = "llama-server,llama-cpp-python"
 BASELINE = "llama-server"
-PROPS = ("cpu", "build_info", "total_slots")  # which kernels, which build, how many slots
-
-
-def server_props(url: str) -> dict[str, Any]:
-    """The parts of a server's ``GET /props`` that say what ran ({} where it has none)."""
-    with contextlib.suppress(httpx.HTTPError, ValueError):
-        answer = httpx.get(url + "/props", timeout=10.0, trust_env=False)
-        if answer.status_code == 200 and isinstance(body := answer.json(), dict):
-            return {key: body[key] for key in PROPS if key in body}
-    return {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,48 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def commands(args: argparse.Namespace, names: list[str]) -> dict[str, tuple[list[str], str]]:
-    """name -> (command, readiness path) of each server to measure, in measuring order."""
-    out: dict[str, tuple[list[str], str]] = {}
-    for name in names:
-        if name == "llama-server":
-            cmd = llama_server_command(
-                str(args.llama_server), args.model, args.threads, args.port, args.kv_cells,
-                args.parallel, args.llama_server_poll,
-            )  # fmt: skip
-            out[name] = (cmd + args.llama_server_arg, "/health")
-        elif name == "llama-cpp-python":
-            cmd = peer_command(args.model, args.threads, args.port, args.kv_cells, args.peer_python)
-            out[name] = (cmd, "/v1/models")
-        else:
-            flags = ["--parallel", str(args.parallel), "--threads", str(args.threads)]
-            flags += ["--kv-cells", str(args.kv_cells), *args.kvpark_arg]
-            out[name] = (kvpark_serve_command(args.model, args.port, *flags), "/health")
-    return out
-
-
-def available(
-    llama_server: Path, peer_python: str, names: list[str], asked: bool
-) -> list[str] | int:
-    """The servers that can run; exit status 2 (with the reason) when one that must is missing."""
-    if "llama-server" in names and not llama_server.is_file():
-        print(f"llama-server is not built at {llama_server}: run "
-              "`kvpark bench build-llama-server`, or add --build-peer "
-              "(or give --llama-server PATH)")  # fmt: skip
-        return 2
-    if "llama-cpp-python" in names and not Path(peer_python).is_file():
-        reason = (
-            f"llama-cpp-python: {peer_python} is missing (python3 -m venv /work/peer-venv"
-            " && /work/peer-venv/bin/pip install 'llama-cpp-python[server]')"
-        )
-        if asked:
-            print(reason)
-            return 2
-        print(f"skipping {reason}")
-        names = [n for n in names if n != "llama-cpp-python"]
-    return names
-
-
 def measure(
     planned: dict[str, tuple[list[str], str]], options: BenchOptions, args: argparse.Namespace
 ) -> tuple[list[RunResult], dict[str, float], dict[str, list[float]]]:
@@ -130,16 +69,12 @@ def measure(
     url = f"http://127.0.0.1:{args.port}"
     for label, (cmd, ready) in planned.items():
         print(f"== {label}: {' '.join(cmd)}", flush=True)
-        log = args.out / "logs" / f"{label}.log"
-        with managed_server(cmd, url + ready, log, timeout_s=600.0) as process:
-            load[label] = [load_average()]
-            with PeakRss(process.pid) as peak:
-                (result,) = run([Target(url, label)], "sweep", options)
-            load[label].append(load_average())
-            result.extra["props"] = server_props(url)
-        assert peak.result is not None
-        result.extra["peak_memory"] = peak.result.to_json()
-        memory[label] = peak.result.peak_mib
+        with measured_server(cmd, url, ready, args.out / "logs" / f"{label}.log") as measured:
+            (result,) = run([Target(url, label)], "sweep", options)
+        result.extra["props"] = measured.props
+        assert measured.peak is not None
+        result.extra["peak_memory"] = measured.peak.to_json()
+        memory[label], load[label] = measured.peak_mib, measured.load
         runs.append(result)
     return runs, memory, load
 
