@@ -14,6 +14,8 @@ __all__ = [
     "_CpuDecoder",
     "_blockmm_q4",
     "_blockmm_q4_i8",
+    "_blockmm_q6",
+    "_blockmm_q6_i8",
     "_blockmm_q8",
     "_blockmm_q8_i8",
     "_cpu_features",
@@ -420,6 +422,14 @@ def _blockmm_q8_i8(
 ) -> None:
     """_blockmm_q8 through int8 activations (see _blockmm_q4_i8); offset 0 for none."""
 
+def _blockmm_q6(x: int, rows: int, k: int, qs: int, scale: int, n: int, y: int) -> None:
+    """y[rows, n] = x[rows, k] @ W.T for Q6_K weights unpacked (qs [n, k] i8, scale [n, k/16] f32:
+    weight = scale * q, a scale per 16 weights). Private: see kvpark.model.ops.block_weights.
+    """
+
+def _blockmm_q6_i8(x: int, rows: int, k: int, qs: int, scale: int, n: int, y: int) -> None:
+    """_blockmm_q6 through int8 activations (see _blockmm_q4_i8)."""
+
 def _decode_attention(
     q: int,
     n_q_values: int,
@@ -461,7 +471,8 @@ def _cpu_features() -> tuple[dict[str, bool | str], dict[str, bool | str]]:
     """
 
 class _Matrix(TypedDict):
-    kind: str  # "4" (q4), "8" (q8); dense: "f" (f32), "h" (f16), "b" (bf16 bits), qs its values
+    # blocks: "4" (q4), "8" (q8), "6" (q6); dense: "f" (f32), "h" (f16), "b" (bf16), qs its values
+    kind: str
     qs: int
     scale: int
     offset: int

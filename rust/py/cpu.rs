@@ -99,6 +99,72 @@ pub(super) fn _blockmm_q8_i8(
         .map_err(cpu_ops_err)
 }
 
+/// y[rows, n] = x[rows, k] @ W.T for Q6_K weights unpacked (qs [n, k] i8, scale [n, k/16] f32:
+/// weight = scale * q, a scale per 16 weights). Private: see kvpark.model.ops.block_weights.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _blockmm_q6(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4.
+    let (x, w, y) = unsafe { q6_operands(x, rows, k, qs, scale, n, y) };
+    py.detach(|| kvpark_cpu_ops::matmul_q6(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// _blockmm_q6 through int8 activations (see _blockmm_q4_i8).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _blockmm_q6_i8(
+    py: Python<'_>,
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    n: usize,
+    y: usize,
+) -> PyResult<()> {
+    // SAFETY: as in _blockmm_q4.
+    let (x, w, y) = unsafe { q6_operands(x, rows, k, qs, scale, n, y) };
+    py.detach(|| kvpark_cpu_ops::matmul_q6_i8(x, rows, w, y))
+        .map_err(cpu_ops_err)
+}
+
+/// The slices of a Q6 product at these addresses.
+///
+/// # Safety
+/// As for [`q4_operands`].
+unsafe fn q6_operands<'a>(
+    x: usize,
+    rows: usize,
+    k: usize,
+    qs: usize,
+    scale: usize,
+    n: usize,
+    y: usize,
+) -> (&'a [f32], kvpark_cpu_ops::Q6Weights<'a>, &'a mut [f32]) {
+    let w = kvpark_cpu_ops::Q6Weights {
+        qs: std::slice::from_raw_parts(qs as *const i8, n * k),
+        scale: std::slice::from_raw_parts(scale as *const f32, n * k / kvpark_cpu_ops::Q6_GROUP),
+        n,
+        k,
+    };
+    let x = std::slice::from_raw_parts(x as *const f32, rows * k);
+    (
+        x,
+        w,
+        std::slice::from_raw_parts_mut(y as *mut f32, rows * n),
+    )
+}
+
 /// The slices of a 4-bit product at these addresses.
 ///
 /// # Safety

@@ -11,12 +11,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use kvpark_cpu_ops::decoder::{self, Dot, KvCells, Layer, Model, Out, Shape, Step, Workspace};
-use kvpark_cpu_ops::{DenseValues, DenseWeights, Q4Weights, Q8Weights, Weights, BLOCK};
+use kvpark_cpu_ops::{
+    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+};
 
 use super::errors::cpu_ops_err;
 
-/// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32) or '8'
-/// (qs [n, k] i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32) in blocks; or dense,
+/// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
+/// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32) or '6' (Q6_K unpacked: qs [n, k]
+/// i8, scale [n, k/16] f32, offset 0) in blocks; or dense,
 /// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
 /// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
 #[derive(FromPyObject, Clone, Copy)]
@@ -105,6 +108,12 @@ unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             n: m.n,
             k: m.k,
         }),
+        '6' => Weights::Q6(Q6Weights {
+            qs: slice(m.qs, m.n * m.k),
+            scale: slice(m.scale, m.n * m.k / Q6_GROUP),
+            n: m.n,
+            k: m.k,
+        }),
         _ => Weights::Q8(Q8Weights {
             qs: slice(m.qs, m.n * m.k),
             scale: slice(m.scale, blocks),
@@ -121,7 +130,12 @@ fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
     let kind = if dense {
         m.scale == 0 && m.offset == 0
     } else {
-        k % BLOCK == 0 && m.scale != 0 && (m.kind == '8' || (m.kind == '4' && m.offset != 0))
+        let offset = match m.kind {
+            '4' => m.offset != 0,
+            '6' => m.offset == 0,
+            _ => m.kind == '8',
+        };
+        k % BLOCK == 0 && m.scale != 0 && offset
     };
     if !fits || !kind {
         return Err(PyValueError::new_err(format!(

@@ -1,16 +1,18 @@
-"""K-quant matrices (Q4_K, Q5_K) repacked into block weights (model/kquant_repack.py, in numpy),
-and why Q6_K stays dense.
+"""K-quant matrices (Q4_K, Q5_K, Q6_K) repacked into block weights (model/kquant_repack.py, in
+numpy), and why Q6_K needs a kind of its own (a scale per 16 weights).
 
 The repacked weights must be bitwise ``gguf.quants.dequantize`` of the same bytes, for valid bytes
 of any content and for bytes quantised from real weights; the products must match float64 within
 float32 rounding and be row-invariant. The K-quant bytes come from tests/support/kquants.py (gguf
 has no K-quant quantiser), which is itself checked here against gguf's dequantisers.
 
-The Q5_K products go through the q8 kernel with offsets, whose binding comes with the int8
-branch (``_blockmm_q8`` with an offset address): until that merge they fail with a TypeError.
+Q5_K goes through the q8 kernel with offsets, Q6_K through its own kind (``_blockmm_q6``:
+int8 quants, a float32 scale per 16 weights), both dots of each.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,8 +35,9 @@ from support.kquants import (
 )
 
 SHAPES = [(1, 256), (8, 512), (48, 768), (3, 1536)]
-KEPT = {Q4_K: "q4", Q5_K: "q8"}
-BYTES_PER_32 = {"q4": 16 + 4 + 4, "q8": 32 + 4 + 4}  # quants, f32 scale, f32 offset
+KEPT = {Q4_K: "q4", Q5_K: "q8", Q6_K: "q6"}
+# quants, f32 scale, f32 offset; q6: int8 quants, two f32 scales, no offset
+BYTES_PER_32 = {"q4": 16 + 4 + 4, "q8": 32 + 4 + 4, "q6": 32 + 2 * 4}
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -51,7 +54,7 @@ def gguf_weights(
     return torch.from_numpy(quants.dequantize(raw, qtype)).view(shape)
 
 
-@pytest.mark.parametrize("qtype", [Q4_K, Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", KQUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("source", ["random bytes", "quantised weights"])
 def test_k_quants_repack_to_the_dequantised_weights_bitwise(
@@ -65,8 +68,9 @@ def test_k_quants_repack_to_the_dequantised_weights_bitwise(
         raw = quantize((gen.standard_normal(shape) * 0.05).astype(np.float32), qtype)
     w = repack(qtype, raw, shape)
     want = gguf_weights(qtype, raw, shape)
-    assert w.kind == KEPT[qtype] and w.shape == shape and w.offset is not None
+    assert w.kind == KEPT[qtype] and w.shape == shape and (w.offset is None) == (qtype == Q6_K)
     assert torch.equal(bits(w.dequantize()), bits(want))
+    assert np.array_equal(w.blocks().dequantize().view(np.int32), want.numpy().view(np.int32))
     assert w.nbytes == out * inp // 32 * BYTES_PER_32[w.kind]
 
 
@@ -91,22 +95,24 @@ def test_the_helper_quantiser_writes_k_quants_gguf_reads_back(qtype: GGMLQuantiz
     assert 0 < error < RELATIVE_RMSE[qtype]
 
 
-@pytest.mark.parametrize("qtype", [Q4_K, Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", KQUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [0, 1, 5, 17])
+@pytest.mark.parametrize("int8", [False, True], ids=["float32 dot", "int8 dot"])
 def test_k_quant_products_match_float64_and_each_row_stands_alone(
-    qtype: GGMLQuantizationType, rows: int
+    qtype: GGMLQuantizationType, rows: int, int8: bool
 ) -> None:
+    """The float32 dot within its bound of float64; the int8 dot's bound is the kernels'
+    (rust/cpu_ops/tests/int8_bound.rs), here only each row's bits alone."""
     raw = random_kquant(qtype, 40, 512, seed=rows)
-    w = repack(qtype, raw, (40, 512))
+    w = replace(repack(qtype, raw, (40, 512)), int8=int8)
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 512, generator=gen)
     y = block_linear(x, w)
     dense = w.dequantize().double()
     # float32 sums of n terms, any order: within n * 2^-24 * sum|terms| of the exact sum
     bound = 512 * 2.0**-24 * (x.double().abs() @ dense.abs().T)
-    assert y.shape == (rows, 40) and bool(
-        ((y.double() - x.double() @ dense.T).abs() <= bound).all()
-    )
+    assert y.shape == (rows, 40)
+    assert int8 or bool(((y.double() - x.double() @ dense.T).abs() <= bound).all())
     for r in range(rows):
         assert torch.equal(block_linear(x[r : r + 1], w)[0], y[r])
 
@@ -140,14 +146,32 @@ def test_bad_k_quant_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="super-blocks of 256"):
         kquant_blocks(int(Q4_K), np.zeros(144, dtype=np.uint8), (2, 128))
     with pytest.raises(ValueError, match="not a K-quant"):
-        kquant_blocks(int(Q6_K), np.zeros(210, dtype=np.uint8), (1, 256))
+        kquant_blocks(int(GGMLQuantizationType.Q3_K), np.zeros(110, dtype=np.uint8), (1, 256))
+    q6 = repack(Q6_K, random_kquant(Q6_K, 2, 256, seed=1), (2, 256))
+    with pytest.raises(ValueError, match="no offsets"):
+        BlockWeight("q6", q6.qs, q6.scale, q6.scale)
+    with pytest.raises(ValueError, match="want"):
+        BlockWeight("q6", q6.qs, q6.scale[:, ::2].contiguous(), None)  # a scale per 32
+
+
+def test_q6_k_rows_and_fusing_keep_their_bits() -> None:
+    w = repack(Q6_K, random_kquant(Q6_K, 12, 512, seed=6), (12, 512))
+    index = torch.tensor([11, 0, 5, 5, 3])
+    assert torch.equal(bits(w.rows(index).dequantize()), bits(w.dequantize()[index]))
+    fused = BlockWeight.cat([w, w.rows(index)])
+    assert fused.kind == "q6" and fused.shape == (17, 512) and fused.offset is None
+    assert torch.equal(bits(fused.dequantize()[12:]), bits(w.dequantize()[index]))
+    q4 = repack(Q4_K, random_kquant(Q4_K, 4, 512, seed=6), (4, 512))
+    with pytest.raises(ValueError, match=r"kinds \['q4', 'q6'\]"):
+        BlockWeight.cat([q4, w])  # one kernel kind per matrix
 
 
 def test_q6_k_blocks_seldom_have_one_exact_scale(default_gguf_path: str) -> None:
-    """Why Q6_K stays dense (docs/cpu-kernels.md): its scales are per 16 weights, and a 32-block
-    of ours has one. On a real matrix (the default model's layer-7 ffn_down, dequantised, then
-    quantised to Q6_K) few 32-blocks have an exact int8 form with one scale, and no row has it
-    in every block, so no matrix could be kept as q8 blocks without changing weights."""
+    """Why Q6_K has a kind of its own (docs/cpu-kernels.md): its scales are per 16 weights, and
+    a 32-block of q8 has one. On a real matrix (the default model's layer-7 ffn_down,
+    dequantised, then quantised to Q6_K) few 32-blocks have an exact int8 form with one scale,
+    and no row has it in every block, so no matrix could be kept as q8 blocks without changing
+    weights."""
     g = GgufFile(default_gguf_path)
     weights = read_tensor(g, next(t for t in g.tensors if t.name == "blk.7.ffn_down.weight"))
     assert isinstance(weights, np.ndarray)

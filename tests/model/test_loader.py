@@ -130,8 +130,8 @@ def test_our_dequantisation_is_bitwise_gguf(qtype: str) -> None:
 
 
 def test_k_quant_matrices_load_as_blocks(tmp_path: Path) -> None:
-    """A tiny Llama GGUF of K-quant matrices: Q4_K and Q5_K come as blocks (Q/K rows unpermuted
-    as the dense ones are), Q6_K dense, and every weight is the dense load's, bit for bit."""
+    """A tiny Llama GGUF of K-quant matrices: Q4_K, Q5_K and Q6_K come as blocks (Q/K rows
+    unpermuted as the dense ones are), and every weight is the dense load's, bit for bit."""
     q = gguf.GGMLQuantizationType
     path = tmp_path / "kquants.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -163,7 +163,7 @@ def test_k_quant_matrices_load_as_blocks(tmp_path: Path) -> None:
         "model.embed_tokens.weight": None,
         f"{attn}.q_proj.weight": "q4",
         f"{attn}.k_proj.weight": "q8",
-        f"{attn}.v_proj.weight": None,  # Q6_K
+        f"{attn}.v_proj.weight": "q6",  # Q6_K: int8 with a scale per 16
         f"{attn}.o_proj.weight": "q8",
         "model.layers.0.mlp.down_proj.weight": "q4",
     }

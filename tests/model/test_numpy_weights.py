@@ -202,10 +202,28 @@ def test_a_k_quant_file_is_decoder_weights_gguf_dequantises_alike(
             assert same_blocks(layer.matrices[attr], getattr(block, attr)), attr
 
 
+def test_a_q4_k_m_file_is_decoder_weights_the_torch_model_shares(tmp_path: Path) -> None:
+    """Q4_K attention and gate/up, Q6_K down and head (its own kind, q6: int8 with a scale per
+    16), a Q8_0 embedding: every matrix blocks, dequantising to what gguf reads, bit for bit."""
+    path = tmp_path / "q4_k_m.gguf"
+    write_tiny(path, "llama", attn=Q.Q4_K, mlp=Q.Q4_K, down=Q.Q6_K, head=Q.Q6_K, embed=Q.Q8_0)
+    ours = load_numpy_weights(GgufFile(str(path)))
+    assert decoder_unfit(ours) is None
+    kinds = {attr: getattr(m, "kind", None) for attr, m in ours.layers[0].matrices.items()}
+    assert kinds == {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
+    assert isinstance(ours.head, Blocks) and ours.head.kind == "q6"
+    assert_as_gguf_reads(path, ours.layers, ours.embed, ours.head)
+    theirs = torch_model(path)
+    assert same_blocks(ours.head, theirs.lm_head)
+    for layer, block in zip(ours.layers, theirs.layers, strict=True):
+        assert same_blocks(layer.matrices["down_w"], block.down_w)
+
+
 MIXED = r"layer 0's qkv_w: its parts are of more than one kind \(.*"
 REFUSED = {  # one case per thing the decoder cannot multiply
-    "a Q6_K head": (dict(head=Q.Q6_K), "lm_head.weight is Q6_K"),
-    "Q6_K MLP matrices": (dict(mlp=Q.Q6_K), "gate_proj.weight is Q6_K"),
+    "a Q5_0 head": (dict(head=Q.Q5_0), "lm_head.weight is Q5_0"),
+    "Q5_1 MLP matrices": (dict(mlp=Q.Q5_1), "gate_proj.weight is Q5_1"),
+    "Q4_K, Q6_K in one": (dict(attn=Q.Q4_K, v=Q.Q6_K), r"qkv_w: .*kinds \['q4', 'q6'\]"),
     "Q4_0, Q8_0 in one": (dict(mixed_qkv=True), "layer 0's qkv_w"),
     "Q4_K, Q8_0 in one": (dict(attn=Q.Q4_K, mixed_qkv=True), r"qkv_w: .*kinds \['q4', 'q8'\]"),
     "Q4_0, F16 in one": (dict(attn=Q.Q4_0, v=Q.F16), MIXED + r"q_proj.weight Q4_0.*v_\S+ F16"),

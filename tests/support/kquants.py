@@ -49,6 +49,14 @@ def random_kquant(qtype: GGMLQuantizationType, out: int, inp: int, seed: int) ->
     return raw.reshape(out, -1)
 
 
+def quantised_kquant(qtype: GGMLQuantizationType, out: int, inp: int, seed: int) -> np.ndarray:
+    """``random_kquant``'s signature and shape, but the bytes ``quantize`` makes of Gaussian
+    weights (std 0.1, as tiny_gguf.py's other matrices): a model's magnitudes, where random
+    bytes give weights up to ~40 (a Q6_K scale of 0.01 times ±128 times ±32)."""
+    x = np.random.default_rng(seed).standard_normal((out, inp)).astype(np.float32) * 0.1
+    return quantize(x, qtype)
+
+
 def _qx_k(x: np.ndarray, nmax: int) -> np.ndarray:
     """Q4_K (nmax 15) or Q5_K (31) of super-blocks x [n, 256]."""
     n = x.shape[0]

@@ -32,8 +32,10 @@ def write_tiny(
     rope_freqs: bool = False,
     mixed_qkv: bool = False,
     v: Q | None = None,
+    down: Q | None = None,
 ) -> None:
-    """A 2-layer random model; ``head`` None: tied to the embedding; ``v``: V's type, if not Q's."""
+    """A 2-layer random model; ``head`` None: tied to the embedding; ``v``: V's type, if not Q's;
+    ``down``: the down projection's, if not gate/up's (a Q4_K_M file's Q6_K ffn_down)."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
@@ -77,7 +79,7 @@ def write_tiny(
         matrix(p + "attn_output.weight", HIDDEN, HEADS * HEAD_DIM, attn)
         matrix(p + "ffn_gate.weight", FFN, HIDDEN, mlp)
         matrix(p + "ffn_up.weight", FFN, HIDDEN, mlp)
-        matrix(p + "ffn_down.weight", HIDDEN, FFN, mlp)
+        matrix(p + "ffn_down.weight", HIDDEN, FFN, down or mlp)
         if bias:
             for name, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
                 vector(p + f"attn_{name}.bias", n * HEAD_DIM)

@@ -4,8 +4,10 @@ GGUF stores Q4_0, Q4_1 and Q8_0 matrices as blocks of 32 weights: an f16 scale (
 f16 offset), then the quants; 4-bit quants hold weight i of a block in the low nibble of byte i
 and weight i + 16 in the high nibble. ``Blocks`` splits them into the arrays the Rust kernels
 take (scales widened to float32, Q4_0's offset made explicit as -8 * scale: exact, a power-of-two
-multiple). numpy, not torch: the CPU server builds its decoder without torch (lean_runner.py);
-``BlockWeight.from_blocks`` wraps these arrays for the torch model, without a copy.
+multiple). GGUF's K-quants are repacked into these kinds (model/kquant_repack.py), Q6_K into a
+kind of its own, "q6": int8 quants with a scale per 16 weights. numpy, not torch: the CPU server
+builds its decoder without torch (lean_runner.py); ``BlockWeight.from_blocks`` wraps these arrays
+for the torch model, without a copy.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 BLOCK = 32
+Q6_GROUP = 16  # weights per scale of kind "q6"
 # GGML type ids (gguf.GGMLQuantizationType) of the block formats kept as blocks
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
@@ -29,6 +32,8 @@ class Blocks:
     ``kind`` "q4": ``qs`` [out, in / 2] uint8; weight = scale * nibble + offset.
     ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q (+ offset where given).
     ``scale`` and ``offset``: [out, in / 32] float32.
+    ``kind`` "q6" (Q6_K): ``qs`` [out, in] int8 (the file's q - 32); ``scale`` [out, in / 16]
+    float32, one per 16 weights; no offset; weight = scale * q.
     """
 
     kind: str
@@ -38,7 +43,7 @@ class Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.scale.shape[0], self.scale.shape[1] * BLOCK
+        return self.scale.shape[0], self.scale.shape[1] * scale_group(self.kind)
 
     @property
     def nbytes(self) -> int:
@@ -54,8 +59,8 @@ class Blocks:
         """The float32 matrix: ``BlockWeight.dequantize``'s arithmetic, bit for bit."""
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
-        if self.kind == "q8":
-            q = self.qs.reshape(-1, BLOCK).astype(np.float32)
+        if self.kind in ("q8", "q6"):  # q6: one scale per row of 16, the kernels' one product
+            q = self.qs.reshape(-1, scale_group(self.kind)).astype(np.float32)
             if self.offset is None:
                 return (q * scale).reshape(out, inp)
         else:
@@ -82,6 +87,11 @@ class Blocks:
             np.concatenate([p.scale for p in parts]),
             offset,
         )
+
+
+def scale_group(kind: str) -> int:
+    """Weights per scale (and offset) of a block kind."""
+    return Q6_GROUP if kind == "q6" else BLOCK
 
 
 def blocks_from_gguf(qtype: int, raw: npt.NDArray[np.uint8], shape: tuple[int, int]) -> Blocks:

@@ -1,10 +1,11 @@
 """A GGUF file's tensors read into numpy under Hugging Face names, without torch; the header is
 model/gguf_file.py's.
 
-A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q4_K or Q5_K one repacked into
-them (``blocks``); every other tensor comes dense: F32 and F16 as they are, BF16 as its uint16
-bits, anything quantised dequantised to float32 (Q8_0, Q4_0 and Q4_1 here, bitwise as
-``gguf.quants`` and 5x faster; the rest, Q6_K among them, by ``gguf.quants``). Tensor data is
+A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q4_K, Q5_K or Q6_K one repacked
+into them (``blocks``); every other tensor comes dense: F32 and F16 as they are, BF16 as its
+uint16 bits, anything quantised dequantised to float32 (Q8_0, Q4_0 and Q4_1 here, bitwise as
+``gguf.quants`` and 5x faster; the rest, Q5_0 and the K-quants without ``blocks`` among them, by
+``gguf.quants``). Tensor data is
 memory-mapped and each tensor's pages are released once it is copied, so peak memory stays near
 the size of the weights read.
 

@@ -1,5 +1,6 @@
-"""GGUF's K-quant matrices (Q4_K, Q5_K) repacked into the 32-weight ``Blocks`` the Rust kernels
-take, in numpy (the lean CPU runner and the torch model read them alike).
+"""GGUF's K-quant matrices (Q4_K, Q5_K, Q6_K) repacked into the ``Blocks`` the Rust kernels take,
+in numpy (the lean CPU runner and the torch model read them alike): integer and byte work plus
+exact scale products, never the tensor dequantised to float32.
 
 A K-quant super-block holds 256 weights: an f16 ``d`` and ``dmin``, then eight 32-weight
 sub-blocks, each with a 6-bit scale ``sc`` and 6-bit min ``m`` (12 bytes for the 16), and the
@@ -21,8 +22,16 @@ Q4_K -> kind "q4". The file's 4-bit layout differs from ours::
 Q5_K -> kind "q8" with an offset: int8 q = 0..31, the fifth bit from ``qh`` (bit g of byte l is
 weight l of sub-block g).
 
-Q6_K stays dense (the loader dequantises it): its scales are per 16 weights, so a 32-block of ours
-would need two; docs/cpu-kernels.md has the reasoning and the measurement.
+Q6_K -> kind "q6": int8 q - 32 (in -32..31) and a float32 scale ``d * sc`` per 16 weights (an
+11-bit f16 significand times an 8-bit int: exact, and ``scale * (q - 32)`` is too, at most 23
+bits), so the kernels' one product is ``gguf.quants``' ``(d * sc) * (q - 32)``, bit for bit. Its
+scales are per 16 weights, so no 32-block of ours with one scale holds it exactly
+(docs/cpu-kernels.md); the bits in the file, per 256-weight super-block::
+
+    ql 128 B: half h (0, 1) of 128 weights is 64 bytes; byte l holds weight 128h + l (low
+              nibble) and 128h + 64 + l (high nibble), the quant's bits 0-3
+    qh  64 B: half h is 32 bytes; bits 2j, 2j + 1 of byte l are bits 4-5 of weight 128h + 32j + l
+    scales 16 x int8, one per 16 weights in order; d f16 (the last 2 bytes)
 """
 
 from __future__ import annotations
@@ -30,22 +39,22 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from kvpark.model.gguf_blocks import BLOCK, Blocks, half_at
+from kvpark.model.gguf_blocks import BLOCK, Q6_GROUP, Blocks, half_at
 
 QK_K = 256  # weights per super-block
 SUB_BLOCKS = QK_K // BLOCK
 # GGML type ids (gguf.GGMLQuantizationType) of the K-quants kept as blocks, and their sizes
-Q4_K, Q5_K = 12, 13
-KQUANT_TYPES = (Q4_K, Q5_K)
-SUPER_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176}
+Q4_K, Q5_K, Q6_K = 12, 13, 14
+KQUANT_TYPES = (Q4_K, Q5_K, Q6_K)
+SUPER_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
 _SCALES_AT, _SCALES_END = 4, 16  # the 12 bytes of packed 6-bit scales and mins
 
 U8 = npt.NDArray[np.uint8]
 
 
 def kquant_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
-    """A Q4_K or Q5_K tensor's bytes (uint8, super-blocks in file order; may be a read-only view
-    of the file) and its shape ``[out, in]`` as fresh ``Blocks``, bitwise
+    """A Q4_K, Q5_K or Q6_K tensor's bytes (uint8, super-blocks in file order; may be a read-only
+    view of the file) and its shape ``[out, in]`` as fresh ``Blocks``, bitwise
     ``gguf.quants.dequantize`` once dequantised."""
     out, inp = shape
     if qtype not in KQUANT_TYPES:
@@ -54,6 +63,8 @@ def kquant_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
         raise ValueError(f"a {shape} matrix does not split into super-blocks of {QK_K}")
     n = out * inp // QK_K
     blocks = raw.reshape(n, SUPER_BLOCK_BYTES[qtype])
+    if qtype == Q6_K:
+        return _q6_k_blocks(blocks, shape)
     sc, m = scales_and_mins(blocks[:, _SCALES_AT:_SCALES_END])  # [n, 8] each
     scale = (half_at(blocks, 0) * sc.astype(np.float32)).reshape(out, -1)  # exact products
     offset = (-(half_at(blocks, 2) * m.astype(np.float32))).reshape(out, -1)
@@ -66,6 +77,21 @@ def kquant_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
     high = ((qh[:, None, :] >> bits) & 1).reshape(-1, BLOCK)  # [n * 8, 32]
     q = (low | (high << 4)).view(np.int8).reshape(out, inp)  # 0..31 fits int8
     return Blocks("q8", q, scale, offset)
+
+
+def _q6_k_blocks(blocks: U8, shape: tuple[int, int]) -> Blocks:
+    """Q6_K super-blocks (uint8 [n, 210]) as "q6" ``Blocks`` of ``shape`` (the layout above)."""
+    out, inp = shape
+    n = blocks.shape[0]
+    ql = blocks[:, : QK_K // 2].reshape(n, 2, 1, QK_K // 4)
+    low = (ql >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F  # [n, 2, 2, 64]
+    qh = blocks[:, QK_K // 2 : 3 * QK_K // 4].reshape(n, 2, 1, BLOCK)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    high = (qh >> shifts) & 0x03  # [n, 2, 4, 32]
+    q = (low.reshape(n, QK_K) | (high.reshape(n, QK_K) << 4)).view(np.int8) - np.int8(32)
+    sc = blocks[:, 3 * QK_K // 4 : 3 * QK_K // 4 + QK_K // Q6_GROUP].view(np.int8)  # [n, 16]
+    scale = half_at(blocks, SUPER_BLOCK_BYTES[Q6_K] - 2) * sc.astype(np.float32)  # exact products
+    return Blocks("q6", q.reshape(out, inp), scale.reshape(out, inp // Q6_GROUP), None)
 
 
 def scales_and_mins(packed: U8) -> tuple[U8, U8]:

@@ -6,9 +6,10 @@ architecture. The one fusing code for the torch model and the lean runner.
 A fused matrix whose parts are all blocks of one kind stays blocks (``Blocks.cat``), and one
 whose parts are all dense of one dtype stays in it; one that mixes kinds is dequantised and
 widened whole to float32 (each part exactly), which the torch model takes and the decoder does
-not. ``unfit_why`` records why for every matrix the decoder cannot multiply (that, or a tensor
-neither in blocks nor dense F32/F16/BF16, a Q6_K one say): what numpy_weights.decoder_unfit
-reports.
+not (Q4_K's q4 beside Q6_K's q6, say, as in a Q4_K_M file's layers whose attn_v is Q6_K: the
+decoder multiplies one kind per matrix). ``unfit_why`` records why for every matrix the decoder
+cannot multiply (that, or a tensor neither in blocks nor dense F32/F16/BF16, a Q5_0 one say):
+what numpy_weights.decoder_unfit reports.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from kvpark.model.weight_arrays import (
 )
 from kvpark.model.weight_names import LAYER_NAMES, LAYER_RE, MATRICES
 
-KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q4_K or Q5_K"  # gguf_tensors.KEPT_TYPES, as a message says them
+# gguf_tensors.KEPT_TYPES, as a message says them
+KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K"
 
 
 def assemble_weights(
@@ -108,7 +110,7 @@ def assemble_weights(
 
 def runnable(t: NamedTensor) -> bool:
     """Whether the decoder multiplies this tensor as read: blocks, or dense values as the file
-    stores them (a tensor dequantised from another type, Q6_K say, is float32 it never held)."""
+    stores them (a tensor dequantised from another type, Q5_0 say, is float32 it never held)."""
     v = t.value
     return isinstance(v, Blocks) or (t.fmt in DENSE_FORMATS and v.dtype.type in DENSE_ARRAYS)
 

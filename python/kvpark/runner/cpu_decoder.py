@@ -30,6 +30,13 @@ _DENSE: dict[str, tuple[type[np.generic], str]] = {
     "f16": (np.float16, "h"),
     "bf16": (np.uint16, "b"),
 }
+# each block kind (gguf_blocks.Blocks): its quants' numpy dtype, and the decoder's kind letter
+# (q6, Q6_K's int8 with a scale per 16, has no offset: its address goes as 0)
+_BLOCKS: dict[str, tuple[type[np.generic], str]] = {
+    "q4": (np.uint8, "4"),
+    "q8": (np.int8, "8"),
+    "q6": (np.int8, "6"),
+}
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,10 @@ class DecoderInputs:
                 "k": k,
             }
         n, k = w.shape
+        dtype, letter = _BLOCKS[w.kind]
         return {
-            "kind": w.kind[1],
-            "qs": self.addr(w.qs, np.uint8 if w.kind == "q4" else np.int8),
+            "kind": letter,
+            "qs": self.addr(w.qs, dtype),
             "scale": self.addr(w.scale),
             "offset": self.addr(w.offset),
             "n": n,

@@ -1,13 +1,14 @@
 //! Times the f32-expansion products against the int8 ones at the default model's shapes
 //! (SmolLM2-135M: k = 576 with n = 960 fused qkv, 576 o, 3072 gate_up; k = 1536 n = 576 down;
-//! the Q8_0 head k = 576 n = 49152): `cargo run --release --example int8_speed -p kvpark-cpu-ops`.
+//! the Q8_0 head k = 576 n = 49152), and down and the head as Q6_K (int8 quants, a scale per 16)
+//! as a Q4_K_M file stores them: `cargo run --release --example int8_speed -p kvpark-cpu-ops`.
 //!
 //! Each shape cycles through copies of its weights totalling over 96 MiB, so every product reads
 //! them from memory as a decode step does (the model is bigger than any cache). Prints the
 //! median microseconds per product.
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_q4, matmul_q8, set_threads, I8Kernel, I8Scratch, Q4Weights, Q8Weights,
-    Weights,
+    matmul_i8, matmul_q4, matmul_q6, matmul_q8, set_threads, I8Kernel, I8Scratch, Q4Weights,
+    Q6Weights, Q8Weights, Weights,
 };
 use std::time::Instant;
 
@@ -20,7 +21,14 @@ struct Shape {
     name: &'static str,
     n: usize,
     k: usize,
-    q8: bool,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Q4,
+    Q8,
+    Q6,
 }
 
 /// One copy of a matrix's arrays.
@@ -31,29 +39,40 @@ struct Copy {
 }
 
 fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
-    if s.q8 {
-        Weights::Q8(Q8Weights {
-            // SAFETY: u8 and i8 share size, alignment and valid bit patterns.
-            qs: unsafe { std::slice::from_raw_parts(c.qs.as_ptr() as *const i8, c.qs.len()) },
+    // SAFETY: u8 and i8 share size, alignment and valid bit patterns.
+    let signed = unsafe { std::slice::from_raw_parts(c.qs.as_ptr() as *const i8, c.qs.len()) };
+    let (n, k) = (s.n, s.k);
+    match s.kind {
+        Kind::Q8 => Weights::Q8(Q8Weights {
+            qs: signed,
             scale: &c.scale,
             offset: None,
-            n: s.n,
-            k: s.k,
-        })
-    } else {
-        Weights::Q4(Q4Weights {
+            n,
+            k,
+        }),
+        Kind::Q6 => Weights::Q6(Q6Weights {
+            qs: signed,
+            scale: &c.scale,
+            n,
+            k,
+        }),
+        Kind::Q4 => Weights::Q4(Q4Weights {
             qs: &c.qs,
             scale: &c.scale,
             offset: &c.offset,
-            n: s.n,
-            k: s.k,
-        })
+            n,
+            k,
+        }),
     }
 }
 
 fn copies(s: &Shape) -> Vec<Copy> {
-    let blocks = s.n * s.k / 32;
-    let bytes = if s.q8 { s.n * s.k } else { s.n * s.k / 2 };
+    let blocks = s.n * s.k / if s.kind == Kind::Q6 { 16 } else { 32 };
+    let bytes = if s.kind == Kind::Q4 {
+        s.n * s.k / 2
+    } else {
+        s.n * s.k
+    };
     let mut seed = 1u64;
     let mut next = || {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
@@ -99,31 +118,43 @@ fn main() {
             name: "qkv q4",
             n: 960,
             k: 576,
-            q8: false,
+            kind: Kind::Q4,
         },
         Shape {
             name: "o q4",
             n: 576,
             k: 576,
-            q8: false,
+            kind: Kind::Q4,
         },
         Shape {
             name: "gate_up q4",
             n: 3072,
             k: 576,
-            q8: false,
+            kind: Kind::Q4,
         },
         Shape {
             name: "down q4",
             n: 576,
             k: 1536,
-            q8: false,
+            kind: Kind::Q4,
         },
         Shape {
             name: "head q8_0",
             n: 49152,
             k: 576,
-            q8: true,
+            kind: Kind::Q8,
+        },
+        Shape {
+            name: "down q6_k",
+            n: 576,
+            k: 1536,
+            kind: Kind::Q6,
+        },
+        Shape {
+            name: "head q6_k",
+            n: 49152,
+            k: 576,
+            kind: Kind::Q6,
         },
     ];
     let kernel = I8Kernel::best();
@@ -145,6 +176,7 @@ fn main() {
                 let f32_us = median_us(all.len(), |i| match weights(s, &all[i]) {
                     Weights::Q4(w) => matmul_q4(&x, rows, w, &mut y).unwrap(),
                     Weights::Q8(w) => matmul_q8(&x, rows, w, &mut y).unwrap(),
+                    Weights::Q6(w) => matmul_q6(&x, rows, w, &mut y).unwrap(),
                     Weights::Dense(_) => unreachable!("the shapes here are blocks"),
                 });
                 let i8_us = median_us(all.len(), |i| {

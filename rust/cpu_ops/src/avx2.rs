@@ -1,7 +1,8 @@
 //! The x86-64 path: AVX2 and FMA intrinsics. Same arithmetic and order as `plain.rs`.
 //!
-//! Per block of 32 weights: load its 16 (Q4) or 32 (Q8) bytes once, widen them to four vectors of
-//! eight f32 and expand each with one FMA (`scale * q + offset`); then every row of the tile adds
+//! Per block of 32 weights: load its 16 (Q4) or 32 (Q8, Q6) bytes once, widen them to four vectors
+//! of eight f32 and expand each with one FMA (`scale * q + offset`; Q6: one multiply by the
+//! vector's own scale, two per block); then every row of the tile adds
 //! four FMAs into its own eight-lane accumulator. The expanded block stays in registers for all
 //! rows of the tile, so at eight rows a weight byte costs about a tenth of what it does at one.
 
@@ -105,6 +106,14 @@ unsafe fn group<const R: usize, const G: usize>(
                 qs: w.qs.as_ptr(),
                 scale: w.scale.as_ptr(),
                 offset: w.offset.map(|o| o.as_ptr()),
+            };
+            group_of::<R, G, _>(x, k, blocks, c, out)
+        }
+        Weights::Q6(w) => {
+            assert!((c + G) * k <= w.qs.len() && (c + G) * k / 16 <= w.scale.len());
+            let blocks = Q6Blocks {
+                qs: w.qs.as_ptr(),
+                scale: w.scale.as_ptr(),
             };
             group_of::<R, G, _>(x, k, blocks, c, out)
         }
@@ -233,6 +242,42 @@ impl Expand for Q8Blocks {
             _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)),
         ];
         q.map(|v| _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(v), o))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Q6Blocks {
+    qs: *const i8,
+    scale: *const f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Expand for Q6Blocks {
+    #[inline(always)]
+    fn prefetch(self, at: usize) {
+        // SAFETY: as for Q4Blocks.
+        unsafe {
+            _mm_prefetch(self.qs.wrapping_add(at * 32), _MM_HINT_T0);
+            _mm_prefetch(self.scale.wrapping_add(2 * at) as *const i8, _MM_HINT_T0);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn expand(self, at: usize) -> [__m256; 4] {
+        // weights 0..16 take the block's first scale, 16..32 its second (plain.rs's order)
+        let lo = _mm256_set1_ps(*self.scale.add(2 * at));
+        let hi = _mm256_set1_ps(*self.scale.add(2 * at + 1));
+        let p = self.qs.add(at * 32) as *const __m128i;
+        let (a, b) = (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)));
+        let q = [
+            _mm256_cvtepi8_epi32(a),
+            _mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)),
+            _mm256_cvtepi8_epi32(b),
+            _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)),
+        ];
+        let s = [lo, lo, hi, hi];
+        std::array::from_fn(|v| _mm256_mul_ps(s[v], _mm256_cvtepi32_ps(q[v])))
     }
 }
 

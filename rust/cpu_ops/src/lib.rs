@@ -15,15 +15,18 @@
 //!   f32: weight = `scale * nibble + offset` (Q4_1 as stored; Q4_0 has `offset = -8 * scale`);
 //! - [`Q8Weights`]: `qs` `[n, k]` i8; `scale` and optional `offset` `[n, k / 32]`: weight =
 //!   `scale * q + offset` (Q8_0 has no offset; K-quants repacked at load time to 8-bit quants
-//!   keep their per-block minimum as one).
+//!   keep their per-block minimum as one);
+//! - [`Q6Weights`]: `qs` `[n, k]` i8; `scale` `[n, k / 16]`: weight = `scale * q`, a scale per
+//!   16 weights (GGUF's Q6_K, unpacked at load time).
 //!
 //! Every weight is expanded with one fused multiply-add (`scale * q + offset`, `offset` 0 where
 //! there is none), which rounds to the same f32 a separate multiply and add give whenever
 //! `scale * q` is exact (GGUF scales are f16, so it is): the weights are bitwise those of the
-//! dequantised tensor. Each output is then a sum over eight lanes in block
-//! order, reduced in a fixed tree. A row's result depends only on that row of `x` and on `W`:
-//! never on the other rows, the row tiling or the thread split (exact mode needs this), and the
-//! SIMD and plain paths give the same bits.
+//! dequantised tensor. Q6 weights are one multiply, `scale * q` (exact: `d * sc` has at most
+//! 18 significant bits and `q - 32` 5, so it is `gguf`'s product, the sign of a zero included).
+//! Each output is then a sum over eight lanes in block order, reduced in a fixed tree. A row's
+//! result depends only on that row of `x` and on `W`: never on the other rows, the row tiling or
+//! the thread split (exact mode needs this), and the SIMD and plain paths give the same bits.
 //!
 //! Dense matrices ([`DenseWeights`]: f32, f16 or bf16 values) have their own product,
 //! [`matmul_dense`], in the same spirit: each weight widened exactly in registers, one fixed
@@ -49,12 +52,14 @@ mod weights;
 
 pub use attention::{decode_attention, DecodeAttention, KvValues};
 pub use dense::{matmul_dense, DenseKernel};
-pub use int8::{matmul_i8, matmul_q4_i8, matmul_q8_i8, I8Kernel, I8Scratch};
+pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use norm::rms_norm;
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;
-pub use weights::{DenseValues, DenseWeights, Q4Weights, Q8Weights, Weights, BLOCK};
+pub use weights::{
+    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+};
 
 use product::product;
 
@@ -96,4 +101,24 @@ pub fn matmul_q8_plain(
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
     product(x, rows, Weights::Q8(w), y, false)
+}
+
+/// `y = x @ W.T` for Q6_K weights (int8 quants, a scale per 16).
+pub fn matmul_q6(
+    x: &[f32],
+    rows: usize,
+    w: Q6Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    product(x, rows, Weights::Q6(w), y, true)
+}
+
+/// See [`matmul_q4_plain`].
+pub fn matmul_q6_plain(
+    x: &[f32],
+    rows: usize,
+    w: Q6Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    product(x, rows, Weights::Q6(w), y, false)
 }

@@ -2,7 +2,7 @@
 //! give the same bits (`f32::mul_add` is a fused multiply-add, as `_mm256_fmadd_ps` is).
 
 use crate::tiling::ROW_TILE;
-use crate::weights::{Weights, BLOCK};
+use crate::weights::{Weights, BLOCK, Q6_GROUP};
 
 /// Expands block `b` of column `c`: the 32 f32 weights, bitwise the dequantised ones.
 pub(crate) fn expand(w: Weights<'_>, c: usize, b: usize, out: &mut [f32; BLOCK]) {
@@ -24,6 +24,14 @@ pub(crate) fn expand(w: Weights<'_>, c: usize, b: usize, out: &mut [f32; BLOCK])
             let qs = &w.qs[at * BLOCK..(at + 1) * BLOCK];
             for (i, q) in qs.iter().enumerate() {
                 out[i] = s.mul_add(f32::from(*q), o);
+            }
+        }
+        Weights::Q6(w) => {
+            let at = c * w.k / BLOCK + b;
+            let qs = &w.qs[at * BLOCK..(at + 1) * BLOCK];
+            for (i, q) in qs.iter().enumerate() {
+                // a plain multiply, as `gguf` dequantises: exact, so no FMA is needed
+                out[i] = w.scale[2 * at + i / Q6_GROUP] * f32::from(*q);
             }
         }
         Weights::Dense(_) => unreachable!("dense matrices have their own product (dense/)"),

@@ -1,4 +1,4 @@
-//! The weight matrices the kernels read: in blocks ([`Q4Weights`], [`Q8Weights`]) or dense
+//! The weight matrices the kernels read: in blocks ([`Q4Weights`], [`Q8Weights`], [`Q6Weights`]) or dense
 //! ([`DenseWeights`]: f32, f16 or bf16 values), any of them as [`Weights`]; and the check that
 //! their slices and an `x`/`y` pair fit their shapes.
 
@@ -6,6 +6,9 @@ use crate::shape::{check, ShapeError};
 
 /// Weights per quantisation block.
 pub const BLOCK: usize = 32;
+
+/// Weights per scale of [`Q6Weights`] (half a [`BLOCK`]).
+pub const Q6_GROUP: usize = 16;
 
 /// 4-bit weights: `weight = scale * nibble + offset`, per block of 32.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +27,20 @@ pub struct Q8Weights<'a> {
     pub scale: &'a [f32],
     /// `[n, k / 32]`, or `None` (Q8_0).
     pub offset: Option<&'a [f32]>,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// GGUF's Q6_K unpacked: `weight = scale * q`, int8 `q` (Q6_K's `q - 32`, in [-32, 31]; the
+/// kernels take any int8) and one f32 scale per [`Q6_GROUP`] weights (Q6_K's `d * sc`, exact
+/// in f32: an 11-bit f16 significand times an 8-bit integer). Blocks of 32 as for the other
+/// kinds, each with two scales: `scale[2 b]` for its weights 0..16, `scale[2 b + 1]` for 16..32.
+#[derive(Clone, Copy, Debug)]
+pub struct Q6Weights<'a> {
+    /// `[n, k]`.
+    pub qs: &'a [i8],
+    /// `[n, k / 16]`.
+    pub scale: &'a [f32],
     pub n: usize,
     pub k: usize,
 }
@@ -62,6 +79,7 @@ impl DenseValues<'_> {
 pub enum Weights<'a> {
     Q4(Q4Weights<'a>),
     Q8(Q8Weights<'a>),
+    Q6(Q6Weights<'a>),
     Dense(DenseWeights<'a>),
 }
 
@@ -80,6 +98,12 @@ impl<'a> From<Q4Weights<'a>> for Weights<'a> {
 impl<'a> From<Q8Weights<'a>> for Weights<'a> {
     fn from(w: Q8Weights<'a>) -> Self {
         Weights::Q8(w)
+    }
+}
+
+impl<'a> From<Q6Weights<'a>> for Weights<'a> {
+    fn from(w: Q6Weights<'a>) -> Self {
+        Weights::Q6(w)
     }
 }
 
@@ -106,6 +130,7 @@ impl Weights<'_> {
         match self {
             Weights::Q4(w) => w.n,
             Weights::Q8(w) => w.n,
+            Weights::Q6(w) => w.n,
             Weights::Dense(w) => w.n,
         }
     }
@@ -115,6 +140,7 @@ impl Weights<'_> {
         match self {
             Weights::Q4(w) => w.k,
             Weights::Q8(w) => w.k,
+            Weights::Q6(w) => w.k,
             Weights::Dense(w) => w.k,
         }
     }
@@ -139,6 +165,11 @@ impl Weights<'_> {
                 check("scale", w.scale.len(), n * k / BLOCK)?;
                 w.offset
                     .map_or(Ok(()), |o| check("offset", o.len(), n * k / BLOCK))
+            }
+            Weights::Q6(w) => {
+                check_blocks(x, y, rows, n, k)?;
+                check("qs", w.qs.len(), n * k)?;
+                check("scale", w.scale.len(), n * k / Q6_GROUP)
             }
         }
     }

@@ -5,8 +5,8 @@
 mod support;
 
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_q4_i8, matmul_q8_i8, set_threads, I8Kernel, I8Scratch, Q4Weights, Q8Weights,
-    Weights, BLOCK,
+    matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, set_threads, I8Kernel, I8Scratch,
+    Q4Weights, Q8Weights, Weights, BLOCK,
 };
 use proptest::prelude::*;
 use support::{activations, matrix, same, Kind, KINDS, STYLES};
@@ -37,7 +37,7 @@ proptest! {
     /// Each kernel (and its quantiser) gives the plain bits, on one scratch reused across shapes.
     #[test]
     fn every_kernel_gives_the_plain_bits(
-        rows in 1usize..18, n in 1usize..40, blocks in 1usize..80, kind in 0usize..4,
+        rows in 1usize..18, n in 1usize..40, blocks in 1usize..80, kind in 0usize..KINDS.len(),
         threads in 1usize..4, seed: u64,
     ) {
         let k = blocks * BLOCK;
@@ -74,7 +74,7 @@ proptest! {
     /// A row's result is the same bits alone or among other rows, at any thread count.
     #[test]
     fn a_row_gives_the_same_bits_alone_or_among_others(
-        rows in 2usize..20, pick in 0usize..20, kind in 0usize..4, threads in 1usize..4, seed: u64,
+        rows in 2usize..20, pick in 0usize..20, kind in 0usize..KINDS.len(), threads in 1usize..4, seed: u64,
     ) {
         let (n, k) = (300, 9 * BLOCK); // big enough to use the worker threads
         let mut s = seed;
@@ -104,6 +104,7 @@ fn the_short_forms_are_the_best_kernel() {
         match m.view() {
             Weights::Q4(w) => matmul_q4_i8(&x, 3, w, &mut y).unwrap(),
             Weights::Q8(w) => matmul_q8_i8(&x, 3, w, &mut y).unwrap(),
+            Weights::Q6(w) => matmul_q6_i8(&x, 3, w, &mut y).unwrap(),
             Weights::Dense(_) => unreachable!("support::matrix makes blocks"),
         }
         assert!(y.iter().zip(&want).all(|(a, b)| same(*a, *b)), "{kind:?}");

@@ -23,7 +23,7 @@ fn block_scale(xb: &[f32]) -> (f32, f32) {
 /// The bound of `kvpark_cpu_ops::int8` for row `xr` against column `c`, and the f64 reference.
 fn bound(xr: &[f32], m: &Matrix, c: usize) -> (f64, f64) {
     let (k, blocks) = (m.k, m.k / BLOCK);
-    let lane_updates = blocks.div_ceil(8) * if m.offset.is_some() { 2 } else { 1 };
+    let lane_updates = blocks.div_ceil(8) * if m.two_updates() { 2 } else { 1 };
     let n = (lane_updates + 4) as f64;
     let gamma = n * U / (1.0 - n * U);
     let (mut target, mut quantisation, mut magnitude, mut reference_error) = (0.0, 0.0, 0.0, 0.0);
@@ -56,7 +56,7 @@ proptest! {
 
     #[test]
     fn the_error_is_within_the_derived_bound(
-        rows in 1usize..10, n in 1usize..24, blocks in 1usize..40, kind in 0usize..4, seed: u64,
+        rows in 1usize..10, n in 1usize..24, blocks in 1usize..40, kind in 0usize..KINDS.len(), seed: u64,
     ) {
         let k = blocks * BLOCK;
         let mut s = seed;

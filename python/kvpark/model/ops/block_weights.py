@@ -3,10 +3,11 @@
 A decode step reads every weight once, so on a CPU its time is the bytes it reads: the default
 model's Q4_1 weights are 4.5 bits each, 32 once expanded to float32. ``BlockWeight`` keeps Q4_0,
 Q4_1 and Q8_0 matrices as they are in the file (scales widened to float32), Q4_K and Q5_K repacked
-into the same 32-weight kinds (model/kquant_repack.py); ``block_linear`` multiplies them by float32
-activations in Rust (``rust/cpu_ops``: AVX2 and FMA where the CPU has them), expanding each block
-in registers. The expanded weights are bitwise the dequantised ones, and a row's result does not
-depend on the other rows of the step, so the op is row-invariant and exact mode uses it too.
+into the same 32-weight kinds and Q6_K into its own, int8 with a scale per 16
+(model/kquant_repack.py); ``block_linear`` multiplies them by float32 activations in Rust
+(``rust/cpu_ops``: AVX2 and FMA where the CPU has them), expanding each block in registers. The
+expanded weights are bitwise the dequantised ones, and a row's result does not depend on the other
+rows of the step, so the op is row-invariant and exact mode uses it too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ from dataclasses import dataclass, replace
 import torch
 
 import kvpark._core as _core
-from kvpark.model.gguf_blocks import BLOCK, BLOCK_TYPES, Q4_0, Q4_1, Q8_0, Blocks, blocks_from_gguf
+from kvpark.model.gguf_blocks import (
+    BLOCK,
+    BLOCK_TYPES,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Blocks,
+    blocks_from_gguf,
+    scale_group,
+)
 
 __all__ = ["BLOCK", "BLOCK_TYPES", "Q4_0", "Q4_1", "Q8_0", "BlockWeight", "block_linear"]
 Tensor = torch.Tensor
@@ -31,6 +41,8 @@ class BlockWeight:
     ``kind`` "q8": ``qs`` [out, in] int8; weight = scale * q, or scale * q + offset where
     ``offset`` is given (Q5_K's sub-blocks; Q8_0 has None).
     ``scale`` and ``offset``: [out, in / 32] float32.
+    ``kind`` "q6" (Q6_K): ``qs`` [out, in] int8, ``scale`` [out, in / 16] float32, no offset;
+    weight = scale * q.
     ``dense``: the same matrix dequantised (bfloat16 or float32) for the prompt path's GEMM
     (``--prompt-path``, cpu_paths.py), or None.
     ``int8``: ``block_linear`` rounds the activations to int8 per block of 32 and multiplies
@@ -50,7 +62,7 @@ class BlockWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.scale.shape[0], self.scale.shape[1] * BLOCK
+        return self.scale.shape[0], self.scale.shape[1] * scale_group(self.kind)
 
     @property
     def nbytes(self) -> int:
@@ -73,8 +85,8 @@ class BlockWeight:
         """The float32 matrix, bitwise what the GGUF loader's dequantisation gives."""
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
-        if self.kind == "q8":
-            q = self.qs.view(-1, BLOCK).float()
+        if self.kind in ("q8", "q6"):
+            q = self.qs.view(-1, scale_group(self.kind)).float()
             if self.offset is None:
                 return (q * scale).view(out, inp)
         else:
@@ -140,6 +152,10 @@ def block_linear(x: Tensor, w: BlockWeight, bias: Tensor | None = None) -> Tenso
                 out,
                 y.data_ptr(),
             )
+        elif w.kind == "q6":
+            (_core._blockmm_q6_i8 if w.int8 else _core._blockmm_q6)(
+                x.data_ptr(), rows, inp, w.qs.data_ptr(), w.scale.data_ptr(), out, y.data_ptr()
+            )
         else:
             (_core._blockmm_q8_i8 if w.int8 else _core._blockmm_q8)(
                 x.data_ptr(),
@@ -158,15 +174,20 @@ def _check(w: BlockWeight) -> None:
     """The Rust side reads raw memory: every tensor must be what the sizes say, on the CPU."""
     if w.dense is not None and tuple(w.dense.shape) != w.shape:
         raise ValueError(f"dense copy {tuple(w.dense.shape)} of a {w.shape} block weight")
-    if w.scale.dim() != 2:
-        raise ValueError(f"block scales must be [out, in / {BLOCK}], not {tuple(w.scale.shape)}")
-    out, inp = w.shape
-    qs_dtype, qs_cols = (torch.uint8, inp // 2) if w.kind == "q4" else (torch.int8, inp)
-    want = [(w.qs, qs_dtype, (out, qs_cols)), (w.scale, torch.float32, (out, inp // BLOCK))]
-    if w.kind not in ("q4", "q8"):
+    if w.kind not in ("q4", "q8", "q6"):
         raise ValueError(f"unknown block kind {w.kind!r}")
+    group = scale_group(w.kind)
+    if w.scale.dim() != 2:
+        raise ValueError(f"block scales must be [out, in / {group}], not {tuple(w.scale.shape)}")
+    out, inp = w.shape
+    if inp % BLOCK:
+        raise ValueError(f"a {w.shape} block weight does not split into blocks of {BLOCK}")
+    qs_dtype, qs_cols = (torch.uint8, inp // 2) if w.kind == "q4" else (torch.int8, inp)
+    want = [(w.qs, qs_dtype, (out, qs_cols)), (w.scale, torch.float32, (out, inp // group))]
     if w.kind == "q4" and w.offset is None:
         raise ValueError("a q4 block weight needs offsets")
+    if w.kind == "q6" and w.offset is not None:
+        raise ValueError("a q6 block weight has no offsets")
     if w.offset is not None:  # q4 always, q8 optionally
         want.append((w.offset, torch.float32, (out, inp // BLOCK)))
     for t, dtype, shape in want:

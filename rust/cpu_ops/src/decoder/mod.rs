@@ -299,7 +299,7 @@ pub fn forward(
 
 /// Row `r` of a dense matrix widened, or of a block matrix dequantised bitwise as `BlockWeight.dequantize` does it
 /// (`q * scale` for 8-bit blocks, `scale * nibble + offset` for 4-bit ones: the product is
-/// exact, so the one rounding of an FMA is the one rounding of the sum).
+/// exact, so the one rounding of an FMA is the one rounding of the sum; `scale * q` for Q6).
 fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
     if let Weights::Dense(d) = w {
         return dense::row(d, r, out); // each value widened exactly
@@ -323,6 +323,12 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
                 for (i, q) in w.qs[at * B / 2..(at + 1) * B / 2].iter().enumerate() {
                     o[i] = s.mul_add(f32::from(q & 0x0F), off);
                     o[i + B / 2] = s.mul_add(f32::from(q >> 4), off);
+                }
+            }
+            Weights::Q6(w) => {
+                let scales = &w.scale[2 * at..2 * at + 2];
+                for (i, (v, q)) in o.iter_mut().zip(&w.qs[at * B..(at + 1) * B]).enumerate() {
+                    *v = scales[i / (B / 2)] * f32::from(*q);
                 }
             }
             Weights::Dense(_) => unreachable!("looked up above"),

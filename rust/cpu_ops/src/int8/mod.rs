@@ -26,7 +26,8 @@
 //! `x_i * (1 / d)` are within a relative `u = 2^-24` each, so with `|x_i / d| <= 127 / (1 - u)`
 //! the rounded product is within `127 (2u + u^2) / (1 - u) < 2^-16` of `x_i / d`, and `q_i` within
 //! 1/2 of it (so `|q_i| < 127.5`). No `i8` saturates anywhere below: AVX2's `vpmaddubsw` pairs
-//! reach `2 * 15 * 127` (Q4) or `2 * 128 * 127` (Q8 via `|w|` and `x * sign(w)`), under 32767.
+//! reach `2 * 15 * 127` (Q4) or `2 * 128 * 127` (Q8 and Q6 via `|w|` and `x * sign(w)`), under
+//! 32767.
 //!
 //! # Integer sums
 //! Per block `b`: `isum_b = Σ nibble_i q_i` for [`Q4Weights`] (Q4_1 as stored;
@@ -45,6 +46,11 @@
 //! y = ((lane0 + lane4) + (lane2 + lane6)) + ((lane1 + lane5) + (lane3 + lane7))
 //! ```
 //!
+//! [`Q6Weights`] have two scales per block and no offset: `isum_b` splits into `isum'_b` over
+//! weights 0..16 and `isum''_b` over 16..32, and block `b` updates its lane twice, in the place
+//! of the two lines above: `fma(scale'_b * d_b, isum'_b, lane)`, then `fma(scale''_b * d_b,
+//! isum''_b, lane)` (`q6.rs`; `plain::dot_q6`).
+//!
 //! Each product `scale_b * d_b`, `offset_b * d_b` is rounded to f32 on its own (never fused).
 //! The plain path runs this lane by lane; the SIMD paths as one 8-lane vector per group (eight
 //! blocks' integer sums reduced into one vector, the scales loaded eight at a time).
@@ -59,14 +65,16 @@
 //!    set to 0 (above);
 //! 2. rounding: each term `p` of the lane sums is an exact product inside an fma of a rounded
 //!    scale product; it meets at most `1 + m + 3` roundings (its scale product, the `m` updates
-//!    of its lane — `m = ⌈B / 8⌉` for `B` blocks, twice that with offsets — and the three levels
-//!    of the tree), so by the recursive-summation argument `|ŷ - P| <= γ_{m+4} Σ|p| + floor`,
+//!    of its lane — `m = ⌈B / 8⌉` for `B` blocks, twice that with offsets or Q6's two halves —
+//!    and the three levels of the tree), so by the recursive-summation argument `|ŷ - P| <= γ_{m+4} Σ|p| + floor`,
 //!    `γ_n = n u / (1 - n u)`. And `Σ|p| = Σ_b d_b (|scale_b isum_b| + |offset_b sum_b|) <=
 //!    Σ_b Σ_{i∈b} (|scale_b q^w_i| + |offset_b|) (|x_i| + e_b)` since `d_b |q_i| <= |x_i| + e_b`;
 //! 3. the floor: a rounding in the subnormal range may add an absolute `2^-150` instead; an fl of
 //!    a scale product meets `|isum_b|` (or `|sum_b|`) in its fma, and there are `8 m + 7`
 //!    roundings after, each error at most doubled later: `floor = 2^-149 (Σ_b (|isum_b| +
-//!    |sum_b|) + 8 m + 8)`, with `|isum_b| + |sum_b| <= 32 * 128 * 128`.
+//!    |sum_b|) + 8 m + 8)`, with `|isum_b| + |sum_b| <= 32 * 128 * 128` (Q6: `|isum'_b| +
+//!    |isum''_b|`, within the same). For Q6 the steps hold as written with `scale_b` the scale
+//!    of weight `i`'s half and `offset_b = 0`.
 //!
 //! So `|ŷ - T| <= Σ_b e_b Σ_{i∈b} |ŵ_i| + γ_{m+4} Σ_b Σ_{i∈b} (|scale_b q^w_i| + |offset_b|)
 //! (|x_i| + e_b) + floor` (`tests/int8_bound.rs` checks it; the worst error seen there is about
@@ -77,6 +85,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod one_row;
 mod plain;
+#[cfg(target_arch = "x86_64")]
+mod q6;
 mod quantise;
 mod scratch;
 #[cfg(target_arch = "x86_64")]
@@ -94,7 +104,7 @@ use crate::isa::{self, Isa};
 use crate::shape::ShapeError;
 use crate::threads::{self, Output};
 use crate::tiling::COLUMN_CHUNK;
-use crate::weights::{Q4Weights, Q8Weights, Weights};
+use crate::weights::{Q4Weights, Q6Weights, Q8Weights, Weights};
 
 /// Lanes of the float combine (and blocks per group).
 pub const LANES: usize = 8;
@@ -172,6 +182,23 @@ pub fn matmul_q8_i8(
     x: &[f32],
     rows: usize,
     w: Q8Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    matmul_i8(
+        x,
+        rows,
+        w.into(),
+        y,
+        I8Kernel::best(),
+        &mut I8Scratch::new(),
+    )
+}
+
+/// `y = x @ W.T` for Q6_K weights through int8 activations; see [`matmul_q4_i8`].
+pub fn matmul_q6_i8(
+    x: &[f32],
+    rows: usize,
+    w: Q6Weights<'_>,
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
     matmul_i8(

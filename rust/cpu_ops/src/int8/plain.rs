@@ -3,7 +3,7 @@
 
 use super::{Activations, LANES};
 use crate::threads::Output;
-use crate::weights::{Weights, BLOCK};
+use crate::weights::{Q6Weights, Weights, BLOCK, Q6_GROUP};
 
 /// Output columns `cols` of every row of `a` into `y` (`[rows, n]`).
 pub(super) fn columns(
@@ -22,6 +22,9 @@ pub(super) fn columns(
 
 /// Row `r` of the activations against column `c` of the weights.
 fn dot(a: &Activations<'_>, r: usize, w: Weights<'_>, c: usize) -> f32 {
+    if let Weights::Q6(w) = w {
+        return dot_q6(a, r, w, c);
+    }
     let blocks = a.k / BLOCK;
     let has_offset =
         matches!(w, Weights::Q4(_)) || matches!(w, Weights::Q8(w) if w.offset.is_some());
@@ -69,6 +72,36 @@ fn block(w: Weights<'_>, at: usize, xq: &[i8]) -> (f32, f32, i32) {
                 .sum();
             (w.scale[at], w.offset.map_or(0.0, |o| o[at]), isum)
         }
+        Weights::Q6(_) => unreachable!("Q6 blocks have two sums each: dot_q6"),
         Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
     }
+}
+
+/// [`dot`] for Q6 weights: each block's two halves, `Σ w_i q_i` over weights 0..16 and 16..32,
+/// each with its own scale, both into the block's lane, first half first (the combine of
+/// `int8` with the half sums where the offset term would be).
+fn dot_q6(a: &Activations<'_>, r: usize, w: Q6Weights<'_>, c: usize) -> f32 {
+    let blocks = a.k / BLOCK;
+    let mut lanes = [0.0f32; LANES];
+    for b in 0..a.padded {
+        let d = a.d[r * a.padded + b];
+        let lane = &mut lanes[b % LANES];
+        for h in 0..2 {
+            // a padding block is empty: scales and sums 0 (and d is 0 there)
+            let (scale, isum) = if b < blocks {
+                let at = (c * blocks + b) * BLOCK + h * Q6_GROUP;
+                let xq = &a.q[r * a.k + b * BLOCK + h * Q6_GROUP..][..Q6_GROUP];
+                let isum: i32 = w.qs[at..at + Q6_GROUP]
+                    .iter()
+                    .zip(xq)
+                    .map(|(q, x)| i32::from(*q) * i32::from(*x))
+                    .sum();
+                (w.scale[2 * (c * blocks + b) + h], isum)
+            } else {
+                (0.0, 0)
+            };
+            *lane = (scale * d).mul_add(isum as f32, *lane);
+        }
+    }
+    crate::plain::hsum(&lanes)
 }

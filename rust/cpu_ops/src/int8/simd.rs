@@ -77,6 +77,7 @@ pub(super) unsafe fn columns<D: Dot>(
             let offset = w.offset.map(|o| o.as_ptr());
             columns_of::<D, Q8>(a, f, offset, w.n, cols, y)
         }
+        Weights::Q6(w) => super::q6::columns::<D>(a, w, cols, y),
         Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
     }
 }
@@ -222,6 +223,14 @@ unsafe fn dots<D: Dot, F: Format, const M: usize>(
 /// Eight blocks' i32 lanes to one vector of eight block sums (exact integer adds, any order).
 #[inline(always)]
 unsafe fn reduce(v: &[__m256i; LANES]) -> __m256i {
+    let (first, second) = halves(v);
+    _mm256_add_epi32(first, second)
+}
+
+/// Eight blocks' i32 lanes to two vectors of eight: each block's sum over its bytes 0..16 (the
+/// low 128 bits of its vector), then over 16..32 (exact integer adds).
+#[inline(always)]
+pub(super) unsafe fn halves(v: &[__m256i; LANES]) -> (__m256i, __m256i) {
     // per 128-bit half: h01 = [v0 01, v0 23, v1 01, v1 23], then h0123 = [v0, v1, v2, v3]
     let h01 = _mm256_hadd_epi32(v[0], v[1]);
     let h23 = _mm256_hadd_epi32(v[2], v[3]);
@@ -229,10 +238,10 @@ unsafe fn reduce(v: &[__m256i; LANES]) -> __m256i {
     let h67 = _mm256_hadd_epi32(v[6], v[7]);
     let h0123 = _mm256_hadd_epi32(h01, h23);
     let h4567 = _mm256_hadd_epi32(h45, h67);
-    // low halves [v0..v3 | v4..v7] plus high halves [v0..v3 | v4..v7]
+    // low halves [v0..v3 | v4..v7], high halves [v0..v3 | v4..v7]
     let low = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
     let high = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
-    _mm256_add_epi32(low, high)
+    (low, high)
 }
 
 /// `m` f32 from `p`, +0 in the lanes past them (which may lie past the matrix: masked lanes

@@ -1,7 +1,7 @@
 //! Random block weights and activations for the int8 tests, with the awkward blocks mixed in.
 #![allow(dead_code)] // each test file uses its own part
 
-use kvpark_cpu_ops::{Q4Weights, Q8Weights, Weights, BLOCK};
+use kvpark_cpu_ops::{Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP};
 
 pub fn lcg(seed: &mut u64) -> u32 {
     *seed = seed
@@ -15,9 +15,9 @@ pub fn unit(seed: &mut u64) -> f32 {
     lcg(seed) as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
 }
 
-/// A block weight matrix in either format, owning its arrays.
+/// A block weight matrix in any block format, owning its arrays.
 pub struct Matrix {
-    pub q4: bool,
+    pub kind: Kind,
     pub qs: Vec<u8>,
     pub scale: Vec<f32>,
     pub offset: Option<Vec<f32>>,
@@ -35,23 +35,30 @@ pub enum Kind {
     Q8,
     /// Q8 with per-block offsets (a repacked K-quant).
     Q8Offset,
+    /// Q6_K unpacked: any int8 quants (Q6_K's are in [-32, 31]), a scale per 16 weights.
+    Q6,
 }
 
-pub const KINDS: [Kind; 4] = [Kind::Q4, Kind::Q4Signed, Kind::Q8, Kind::Q8Offset];
+pub const KINDS: [Kind; 5] = [Kind::Q4, Kind::Q4Signed, Kind::Q8, Kind::Q8Offset, Kind::Q6];
 
 pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     let blocks = n * k / BLOCK;
     let q4 = matches!(kind, Kind::Q4 | Kind::Q4Signed);
     let bytes = if q4 { n * k / 2 } else { n * k };
     let qs = (0..bytes).map(|_| lcg(seed) as u8).collect();
-    let scale: Vec<f32> = (0..blocks).map(|_| unit(seed) / 16.0).collect();
+    let scales = if matches!(kind, Kind::Q6) {
+        2 * blocks
+    } else {
+        blocks
+    };
+    let scale: Vec<f32> = (0..scales).map(|_| unit(seed) / 16.0).collect();
     let offset = match kind {
         Kind::Q4 | Kind::Q8Offset => Some((0..blocks).map(|_| unit(seed)).collect()),
         Kind::Q4Signed => Some(scale.iter().map(|s| -8.0 * s).collect()),
-        Kind::Q8 => None,
+        Kind::Q8 | Kind::Q6 => None,
     };
     Matrix {
-        q4,
+        kind,
         qs,
         scale,
         offset,
@@ -62,44 +69,61 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
 
 impl Matrix {
     pub fn view(&self) -> Weights<'_> {
-        if self.q4 {
-            Weights::Q4(Q4Weights {
+        // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid for
+        // both.
+        let signed =
+            unsafe { std::slice::from_raw_parts(self.qs.as_ptr() as *const i8, self.qs.len()) };
+        let (n, k) = (self.n, self.k);
+        match self.kind {
+            Kind::Q4 | Kind::Q4Signed => Weights::Q4(Q4Weights {
                 qs: &self.qs,
                 scale: &self.scale,
                 offset: self.offset.as_deref().expect("Q4 has offsets"),
-                n: self.n,
-                k: self.k,
-            })
-        } else {
-            Weights::Q8(Q8Weights {
-                // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern
-                // is valid for both.
-                qs: unsafe {
-                    std::slice::from_raw_parts(self.qs.as_ptr() as *const i8, self.qs.len())
-                },
+                n,
+                k,
+            }),
+            Kind::Q8 | Kind::Q8Offset => Weights::Q8(Q8Weights {
+                qs: signed,
                 scale: &self.scale,
                 offset: self.offset.as_deref(),
-                n: self.n,
-                k: self.k,
-            })
+                n,
+                k,
+            }),
+            Kind::Q6 => Weights::Q6(Q6Weights {
+                qs: signed,
+                scale: &self.scale,
+                n,
+                k,
+            }),
         }
+    }
+
+    /// Whether a block updates its lane twice in the int8 combine (an offset term, or Q6's two
+    /// halves).
+    pub fn two_updates(&self) -> bool {
+        self.offset.is_some() || matches!(self.kind, Kind::Q6)
     }
 
     /// Weight `i` of column `c` as `(scale, quant, offset)`: weight = scale * quant + offset.
     pub fn parts(&self, c: usize, i: usize) -> (f64, f64, f64) {
         let at = c * self.k / BLOCK + i / BLOCK;
-        let q = if self.q4 {
-            let byte = self.qs[at * 16 + i % 16];
-            f64::from(if i % BLOCK < 16 {
-                byte & 0x0f
-            } else {
-                byte >> 4
-            })
-        } else {
-            f64::from(self.qs[c * self.k + i] as i8)
+        let q = match self.kind {
+            Kind::Q4 | Kind::Q4Signed => {
+                let byte = self.qs[at * 16 + i % 16];
+                f64::from(if i % BLOCK < 16 {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                })
+            }
+            _ => f64::from(self.qs[c * self.k + i] as i8),
         };
         let o = self.offset.as_ref().map_or(0.0, |o| f64::from(o[at]));
-        (f64::from(self.scale[at]), q, o)
+        let s = match self.kind {
+            Kind::Q6 => self.scale[(c * self.k + i) / Q6_GROUP],
+            _ => self.scale[at],
+        };
+        (f64::from(s), q, o)
     }
 }
 

@@ -1,0 +1,92 @@
+"""The lean runner over a Q4_K_M-like GGUF: Q4_K attention and gate/up, Q6_K down and head (the
+types llama.cpp's Q4_K_M gives most of a model), a Q8_0 embedding and F32 norms, all in the Rust
+decoder's blocks (Q6_K as its own kind, int8 with a scale per 16), no torch.
+
+Its logits are checked against a float64 forward of the dequantised weights within the derived
+bound of tests/support/lean_reference.py (float32 activations against the blocks, whose expanded
+weights are the dequantised ones exactly), its greedy tokens against the float64 forward's where
+the margin exceeds the bound, and exact mode's rows against themselves beside other rows and in
+chunks, under both block dots. The int8 dot's bound is the kernels' (rust/cpu_ops/tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from kvpark.model.gguf_blocks import Blocks
+from kvpark.model.gguf_file import GgufFile
+from kvpark.model.numpy_weights import load_numpy_weights
+from kvpark.runner.lean_runner import LeanCpuRunner
+from kvpark.tokenizer.tokenizer import Tokenizer
+from support import tiny_gguf
+from support.kquants import quantised_kquant
+from support.lean_reference import alone_and_beside_others, check_logits, config
+from support.tiny_gguf import write_tiny
+
+Q4_K_M = dict(attn=Q.Q4_K, mlp=Q.Q4_K, down=Q.Q6_K, head=Q.Q6_K, embed=Q.Q8_0)
+KINDS = {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
+# a Q6_K embedding tied to the head: rows looked up from the q6 blocks, the head multiplies them
+Q6_K_TIED = dict(attn=Q.Q5_K, mlp=Q.Q6_K, embed=Q.Q6_K)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_gguf_path: str) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(GgufFile(default_gguf_path).metadata)
+
+
+@pytest.fixture(autouse=True)
+def model_like_k_quants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The K-quant matrices of these files quantised from a model's magnitudes, not random
+    bytes (whose weights reach ~40: every gate saturates silu, every softmax is one-hot)."""
+    monkeypatch.setattr(tiny_gguf, "random_kquant", quantised_kquant)
+
+
+@pytest.fixture
+def q4_k_m(tmp_path: Path) -> Path:
+    path = tmp_path / "q4_k_m.gguf"
+    write_tiny(path, "llama", **Q4_K_M)  # type: ignore[arg-type]
+    return path
+
+
+def runner(path: Path, tokenizer: Tokenizer, **options: object) -> LeanCpuRunner:
+    """The lean runner over the file's weights (the tiny GGUFs carry no tokenizer)."""
+    c = config(str(path), kv_dtype="float32", **options)
+    return LeanCpuRunner(c.model, c.pool, load_numpy_weights(GgufFile(str(path))), tokenizer, "t")
+
+
+def test_a_q4_k_m_file_runs_lean_as_its_float64_forward(q4_k_m: Path, tokenizer: Tokenizer) -> None:
+    r = runner(q4_k_m, tokenizer, block_dot="float32")
+    assert r.cpu_paths.weights == "blocks"
+    for layer in r.weights.layers:
+        assert {attr: getattr(m, "kind", None) for attr, m in layer.matrices.items()} == KINDS
+    head, embed = r.weights.head, r.weights.embed
+    assert isinstance(head, Blocks) and head.kind == "q6" and head.offset is None
+    assert isinstance(embed, Blocks) and embed.kind == "q8"
+    assert head.scale.shape == (head.shape[0], head.shape[1] // 16)  # a scale per 16 weights
+    check_logits(r)
+
+
+def test_a_tied_q6_k_embedding_runs_lean_as_its_float64_forward(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    path = tmp_path / "q6_k.gguf"
+    write_tiny(path, "llama", **Q6_K_TIED)  # type: ignore[arg-type]
+    r = runner(path, tokenizer, block_dot="float32")
+    assert isinstance(r.weights.embed, Blocks) and r.weights.embed.kind == "q6"
+    assert r.weights.head is r.weights.embed and r.head_matrix is r.embed_matrix
+    assert r.weights.layers[0].matrices["gate_up_w"].kind == "q6"  # type: ignore[union-attr]
+    check_logits(r)
+
+
+@pytest.mark.parametrize("block_dot", ["int8", "float32"])
+def test_in_exact_mode_a_q6_k_rows_bits_do_not_depend_on_its_step(
+    q4_k_m: Path, tokenizer: Tokenizer, block_dot: str
+) -> None:
+    r = runner(q4_k_m, tokenizer, block_dot=block_dot, exact=True)
+    assert r.row_invariant and r.cpu_paths.describe()["block_dot"] == block_dot
+    alone, beside = alone_and_beside_others(r)
+    assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
