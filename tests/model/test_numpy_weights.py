@@ -221,8 +221,9 @@ def test_a_q4_k_m_file_is_decoder_weights_the_torch_model_shares(tmp_path: Path)
 
 MIXED = r"layer 0's qkv_w: its parts are of more than one kind \(.*"
 REFUSED = {  # one case per thing the decoder cannot multiply
-    "a Q5_0 head": (dict(head=Q.Q5_0), "lm_head.weight is Q5_0"),
-    "Q5_1 MLP matrices": (dict(mlp=Q.Q5_1), "gate_proj.weight is Q5_1"),
+    "a TQ1_0 head": (dict(head=Q.TQ1_0), "lm_head.weight is TQ1_0"),
+    "TQ1_0 MLP matrices": (dict(mlp=Q.TQ1_0), "gate_proj.weight is TQ1_0"),
+    "Q5_0, Q4_0 in one": (dict(attn=Q.Q4_0, v=Q.Q5_0), r"qkv_w: .*kinds \['q4', 'q8'\]"),
     "Q4_K, Q6_K in one": (dict(attn=Q.Q4_K, v=Q.Q6_K), r"qkv_w: .*kinds \['q4', 'q6'\]"),
     "Q4_0, Q8_0 in one": (dict(mixed_qkv=True), "layer 0's qkv_w"),
     "Q4_K, Q8_0 in one": (dict(attn=Q.Q4_K, mixed_qkv=True), r"qkv_w: .*kinds \['q4', 'q8'\]"),

@@ -29,6 +29,9 @@ from support.tiny_gguf import write_tiny
 
 Q4_K_M = dict(attn=Q.Q4_K, mlp=Q.Q4_K, down=Q.Q6_K, head=Q.Q6_K, embed=Q.Q8_0)
 KINDS = {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
+# the default model's Q4_K_M as llama-quantize writes it: rows of 576 take Q5_0 (no K-quant
+# fits them), the 1536-wide down Q6_K or Q4_K; Q5_1 for gate/up as its Q5_K_M has them
+SMALL_ROWS_K_M = dict(attn=Q.Q5_0, mlp=Q.Q5_1, down=Q.Q6_K, head=Q.Q5_0, embed=Q.Q8_0)
 # a Q6_K embedding tied to the head: rows looked up from the q6 blocks, the head multiplies them
 Q6_K_TIED = dict(attn=Q.Q5_K, mlp=Q.Q6_K, embed=Q.Q6_K)
 
@@ -68,6 +71,24 @@ def test_a_q4_k_m_file_runs_lean_as_its_float64_forward(q4_k_m: Path, tokenizer:
     assert isinstance(embed, Blocks) and embed.kind == "q8"
     assert head.scale.shape == (head.shape[0], head.shape[1] // 16)  # a scale per 16 weights
     check_logits(r)
+
+
+def test_q5_0_and_q5_1_matrices_run_lean_as_their_float64_forward(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    path = tmp_path / "small_rows_k_m.gguf"
+    write_tiny(path, "llama", **SMALL_ROWS_K_M)  # type: ignore[arg-type]
+    for dot in ("float32", "int8"):
+        r = runner(path, tokenizer, block_dot=dot)
+        layer = r.weights.layers[0].matrices
+        assert {attr: getattr(m, "kind", None) for attr, m in layer.items()} == {
+            "qkv_w": "q8", "o_w": "q8", "gate_up_w": "q8", "down_w": "q6",
+        }  # fmt: skip
+        assert layer["qkv_w"].offset is None and layer["gate_up_w"].offset is not None  # type: ignore[union-attr]
+        if dot == "float32":
+            check_logits(r)
+    alone, beside = alone_and_beside_others(runner(path, tokenizer, exact=True))
+    assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
 
 
 def test_a_tied_q6_k_embedding_runs_lean_as_its_float64_forward(

@@ -1,13 +1,13 @@
 """A GGUF file's tensors read into numpy under Hugging Face names, without torch; the header is
 model/gguf_file.py's.
 
-A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q4_K, Q5_K or Q6_K one repacked
-into them (``blocks``); every other tensor comes dense: F32 and F16 as they are, BF16 as its
-uint16 bits, anything quantised dequantised to float32 (Q8_0, Q4_0 and Q4_1 here, bitwise as
-``gguf.quants`` and 5x faster; the rest, Q5_0 and the K-quants without ``blocks`` among them, by
-``gguf.quants``). Tensor data is
-memory-mapped and each tensor's pages are released once it is copied, so peak memory stays near
-the size of the weights read.
+A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q5_0, Q5_1, Q4_K, Q5_K or Q6_K
+one repacked into them (``blocks``; q5_blocks.py, kquant_repack.py); every other tensor comes
+dense: F32 and F16 as they are, BF16 as its uint16 bits, anything quantised dequantised to
+float32 (Q8_0, Q4_0 and Q4_1 here, bitwise as ``gguf.quants`` and 5x faster; the rest, the
+quantised types without ``blocks`` among them, by ``gguf.quants``). Tensor data is memory-mapped
+and each tensor's pages are released once it is copied, so peak memory stays near the size of the
+weights read.
 
 llama.cpp's converter permutes the rows of Q and K in Llama-family files for its interleaved rope;
 ``iter_tensors`` undoes that (the one place that does) so the model runs the NEOX rope of Hugging
@@ -33,12 +33,13 @@ from kvpark.model.gguf_blocks import (
 )
 from kvpark.model.gguf_file import GgufFile, TensorInfo, hf_name
 from kvpark.model.kquant_repack import KQUANT_TYPES, kquant_blocks
+from kvpark.model.q5_blocks import Q5_TYPES, q5_blocks
 from kvpark.model.weight_arrays import Dense, Matrix, NamedTensor, converted
 
 Q = GGMLQuantizationType
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
-KEPT_TYPES = BLOCK_TYPES + KQUANT_TYPES  # the GGML types a matrix can keep as blocks
+KEPT_TYPES = BLOCK_TYPES + Q5_TYPES + KQUANT_TYPES  # the GGML types a matrix can keep as blocks
 
 
 def iter_tensors(
@@ -77,7 +78,13 @@ def read_tensor(g: GgufFile, info: TensorInfo, *, blocks: bool = False) -> Matri
     value: Matrix
     if blocks and len(info.shape) == 2 and qtype in KEPT_TYPES:
         shape = (info.shape[1], info.shape[0])
-        make = blocks_from_gguf if qtype in BLOCK_TYPES else kquant_blocks
+        make = (
+            blocks_from_gguf
+            if qtype in BLOCK_TYPES
+            else q5_blocks
+            if qtype in Q5_TYPES
+            else kquant_blocks
+        )
         value = make(qtype, raw, shape)
     else:
         value = dense(info, qtype, raw)

@@ -8,7 +8,7 @@ whose parts are all dense of one dtype stays in it; one that mixes kinds is dequ
 widened whole to float32 (each part exactly), which the torch model takes and the decoder does
 not (Q4_K's q4 beside Q6_K's q6, say, as in a Q4_K_M file's layers whose attn_v is Q6_K: the
 decoder multiplies one kind per matrix). ``unfit_why`` records why for every matrix the decoder
-cannot multiply (that, or a tensor neither in blocks nor dense F32/F16/BF16, a Q5_0 one say):
+cannot multiply (that, or a tensor neither in blocks nor dense F32/F16/BF16, a Q3_K one say):
 what numpy_weights.decoder_unfit reports.
 """
 
@@ -35,7 +35,7 @@ from kvpark.model.weight_arrays import (
 from kvpark.model.weight_names import LAYER_NAMES, LAYER_RE, MATRICES
 
 # gguf_tensors.KEPT_TYPES, as a message says them
-KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K"
+KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K"
 
 
 def assemble_weights(
