@@ -115,6 +115,40 @@ def test_malformed_json(client: httpx.Client, route: str, content: bytes) -> Non
     assert_error(client.post(route, content=content, headers=headers), 400)
 
 
+DEEP = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+LONE = [  # valid JSON, no text: a surrogate with no partner (a valid pair is fine, last one)
+    ("/v1/completions", rb'{"prompt": "Hi \ud800"}', "prompt"),
+    ("/v1/chat/completions", rb'{"messages": [{"role": "user", "content": "\udc00"}]}',
+     "messages[0].content"),
+    ("/v1/messages", rb'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", '
+     rb'"content": "x\ud83d"}]}', "messages[0].content"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
+def test_json_nested_too_deeply_is_a_400(client: httpx.Client, route: str) -> None:
+    headers = {"content-type": "application/json"}
+    assert_error(client.post(route, content=DEEP, headers=headers), 400, "nested too deeply")
+
+
+@pytest.mark.parametrize(("route", "content", "field"), LONE)
+def test_a_lone_surrogate_is_a_400_naming_its_field(
+    client: httpx.Client, route: str, content: bytes, field: str
+) -> None:
+    response = client.post(route, content=content, headers={"content-type": "application/json"})
+    if route == "/v1/messages":  # Anthropic's error shape
+        assert response.status_code == 400, response.text
+        assert field in response.json()["error"]["message"]
+        return
+    assert_error(response, 400, "lone UTF-16 surrogate")
+    assert response.json()["error"]["param"] == field
+    paired = rb'{"prompt": "Hi \ud83d\ude00", "max_tokens": 2}'  # the control: a real pair
+    ok = client.post(
+        "/v1/completions", content=paired, headers={"content-type": "application/json"}
+    )
+    assert ok.status_code == 200, ok.text
+
+
 def test_token_ids_outside_the_vocabulary(client: httpx.Client) -> None:
     for prompt in ([1, 2, 10**9], [-1], [[5, 6], [7, 10**6]]):
         assert_error(client.post("/v1/completions", json={"prompt": prompt}), 400, "invalid tokens")

@@ -2,12 +2,15 @@
 
 The size limit is checked twice: against Content-Length before reading, and by counting bytes while
 reading (a chunked upload has no Content-Length). Past it the answer is 413 and the rest is not
-read.
+read. JSON nested deeper than Python's parser recurses, and a string holding a lone UTF-16
+surrogate (``"\\ud800"`` is valid JSON, but no UTF-8 text: the tokenizer would fail on it later,
+outside the 400 path), are 400s that name the problem, and the latter its field.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -36,9 +39,38 @@ async def read_json(request: Request, limit: int) -> dict[str, object]:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise bad_request("the JSON body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
+    where = lone_surrogate_at(body)
+    if where is not None:
+        raise bad_request(f"{where} holds a lone UTF-16 surrogate, which is not text", where)
     return body
+
+
+# json pairs a valid surrogate pair into one character, so any surrogate left is a lone one
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_at(value: object) -> str | None:
+    """The path (``messages[0].content``) of the first string, key or value, in ``value`` that
+    holds a lone surrogate, or None; iterative, so a deep body cannot recurse."""
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path or "the body"
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                name = f"{path}.{key}" if path else str(key)
+                if _SURROGATE.search(str(key)):
+                    return name
+                stack.append((inner, name))
+        elif isinstance(item, list):
+            stack.extend((inner, f"{path}[{i}]") for i, inner in enumerate(item))
+    return None
 
 
 class Fields:
