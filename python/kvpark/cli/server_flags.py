@@ -10,6 +10,8 @@ from kvpark.cli.values import int_at_least, one_of, port, seconds
 from kvpark.config.layers import HTTP_STACKS, ServerConfig
 
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
+DEFAULT_ENGINE_TIMEOUT_S = 60.0
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -59,6 +61,23 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         default=8 * 1024 * 1024,
         help="larger request bodies get 413",
     )
+    p.add_argument(
+        "--engine-timeout",
+        type=seconds,
+        default=DEFAULT_ENGINE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="an engine thread that spends this long in one step (or one turn of its loop) is "
+        "wedged: /health answers 503, open requests end with an error, the process exits 1 "
+        "(0: never)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=seconds,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT, how long running requests may finish before they end with "
+        "an error event; new requests get 503 meanwhile (a second signal: at once)",
+    )
 
 
 def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
@@ -85,4 +104,6 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         log_stats_interval=args.log_stats_interval,
         max_body_bytes=args.max_body_bytes,
         served_model_name=args.served_model_name,
+        engine_timeout=args.engine_timeout,
+        shutdown_timeout=args.shutdown_timeout,
     )

@@ -46,6 +46,34 @@ KNOBS: dict[str, Knob] = {
             "off: plan nothing ahead of a step; park only when a step actually fails to allocate.",
             test_only=True,
         ),
+        Knob(
+            "KVPARK_FAULT_STEP",
+            "0",
+            "The Nth step that runs the model (counted from 1) raises a RuntimeError from the "
+            "runner, as a model bug would (0: off).",
+            test_only=True,
+        ),
+        Knob(
+            "KVPARK_FAULT_PANIC",
+            "0",
+            "The Nth step that runs the model raises pyo3's PanicException from the runner, what "
+            "a Rust panic in the core raises: a BaseException, not an Exception (0: off).",
+            test_only=True,
+        ),
+        Knob(
+            "KVPARK_FAULT_WEDGE",
+            "0",
+            "The Nth step that runs the model never returns: the engine thread makes no progress "
+            "and --engine-timeout fires (0: off).",
+            test_only=True,
+        ),
+        Knob(
+            "KVPARK_FAULT_DIE",
+            "0",
+            "After the Nth step that runs the model, the engine thread's loop raises outside any "
+            "step: the thread dies (0: off).",
+            test_only=True,
+        ),
         Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
         Knob(
             "KVPARK_RELEASE_GPU_LIBS",
@@ -99,16 +127,15 @@ class Knobs:
     preempt_planner: bool = True
     gc_freeze: bool = True
     release_gpu_libs: bool = True
+    # the step (1-based, steps that run the model) each fault hits; 0: never
+    fault_step: int = 0
+    fault_panic: int = 0
+    fault_wedge: int = 0
+    fault_die: int = 0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Knobs:
-        every_text = raw("KVPARK_PREEMPT_EVERY", environ)
-        try:
-            every = int(every_text)
-        except ValueError:
-            raise ValueError(f"KVPARK_PREEMPT_EVERY={every_text!r} is not an integer") from None
-        if every < 0:
-            raise ValueError(f"KVPARK_PREEMPT_EVERY={every} must be >= 0")
+        every = _count_knob("KVPARK_PREEMPT_EVERY", environ)
         planner = raw("KVPARK_PREEMPT_PLANNER", environ).strip().lower()
         if planner not in ("on", "off"):
             raise ValueError(f"KVPARK_PREEMPT_PLANNER={planner!r}: use on or off")
@@ -118,7 +145,23 @@ class Knobs:
             preempt_planner=planner == "on",
             gc_freeze=_bool_knob("KVPARK_GC_FREEZE", environ),
             release_gpu_libs=_bool_knob("KVPARK_RELEASE_GPU_LIBS", environ),
+            fault_step=_count_knob("KVPARK_FAULT_STEP", environ),
+            fault_panic=_count_knob("KVPARK_FAULT_PANIC", environ),
+            fault_wedge=_count_knob("KVPARK_FAULT_WEDGE", environ),
+            fault_die=_count_knob("KVPARK_FAULT_DIE", environ),
         )
+
+
+def _count_knob(name: str, environ: Mapping[str, str] | None) -> int:
+    """A knob that is a count (>= 0); a ValueError that names the variable otherwise."""
+    text = raw(name, environ)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer") from None
+    if value < 0:
+        raise ValueError(f"{name}={value} must be >= 0")
+    return value
 
 
 def _bool_knob(name: str, environ: Mapping[str, str] | None) -> bool:

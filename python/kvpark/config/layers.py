@@ -136,3 +136,7 @@ class ServerConfig:
     log_stats_interval: float = 10.0  # seconds between stats lines while requests run; 0: off
     max_body_bytes: int = 8 * 1024 * 1024
     served_model_name: str | None = None
+    # seconds the engine thread may spend in one turn of its loop before the server declares it
+    # wedged and exits; 0: never
+    engine_timeout: float = 60.0
+    shutdown_timeout: float = 30.0  # on SIGTERM / SIGINT: how long running requests may finish

@@ -19,38 +19,28 @@ waiting that has not been told gets a ``QueuedEvent`` as its first event, and
 
 ``embed()`` posts an embedding job the same way; the loop runs one of its prompts per turn, between
 steps, so the model is never used by two things at once (engine/embeddings.py).
+
+The thread itself, and how it is supervised (a failed step fails only its own requests; a failed
+or wedged thread ends the engine, :meth:`~EngineThread.health` says why), are
+engine/engine_thread.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import logging
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
 
 from kvpark.config.layers import EngineConfig
-from kvpark.engine.add_batches import AddBatches
-from kvpark.engine.embeddings import EmbedJob, check_embedding, embed_member
+from kvpark.engine.embeddings import EmbedJob, check_embedding
+from kvpark.engine.engine_thread import FAILED, EngineThread
 from kvpark.engine.llm_engine import LLMEngine, RequestRejected
-from kvpark.engine.outputs import ErrorEvent, FinishedEvent, QueuedEvent, StreamEvent
+from kvpark.engine.outputs import ErrorEvent, FinishedEvent, StreamEvent
 from kvpark.engine.props import describe_props
-from kvpark.engine.slots import describe_slots
 from kvpark.engine.stats import EngineStats
-from kvpark.runner.protocol import Runner, RunnerFactory
 from kvpark.sampling.params import SamplingParams
 from kvpark.tokenizer.tokenizer import Tokenizer
-
-log = logging.getLogger("kvpark.engine.llm_engine")
-IDLE_WAIT_S = 0.5
-
-_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[list[StreamEvent]]"]
-_Delivery = tuple["asyncio.Queue[list[StreamEvent]]", list[StreamEvent]]
 
 
 def device_type(config: EngineConfig) -> str:
@@ -61,30 +51,8 @@ def device_type(config: EngineConfig) -> str:
     return device_kind(config.model.device)
 
 
-class AsyncEngine:
-    def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
-        """``runner`` as for ``LLMEngine``; it is built on the engine thread when a factory."""
-        self.config = config
-        self._runner = runner
-        self.ready = False
-        self.load_error: str | None = None
-        self._engine: LLMEngine | None = None
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._streams: dict[str, _Stream] = {}
-        self._thread: threading.Thread | None = None
-        self._slots: list[dict[str, object]] = []
-        self._queued: dict[str, int] = {}  # request id -> place in the wait queue (published)
-        self._announced: set[str] = set()  # waiting requests told so (engine thread only)
-        self._adds = AddBatches(lambda batch: self._post("add", batch))  # one item per tick
-        self._embeds: collections.deque[EmbedJob] = collections.deque()  # engine thread only
-
+class AsyncEngine(EngineThread):
     # ----------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._main, name="kvpark-engine", daemon=True)
-        self._thread.start()
-
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until loaded (or failed); True when ready."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -99,8 +67,27 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
+        if self._thread is not None and self.failure is None:  # a wedged thread never ends
             await asyncio.to_thread(self._thread.join, 30.0)
+
+    def end_streams(self, message: str) -> list[str]:
+        """Shutdown's deadline: every open stream ends now with a 503 ``message`` and its engine
+        request is aborted; the request ids."""
+        self._ended = message  # and a request on its way in is refused with it
+        ended = self._streams.end_all(ErrorEvent(message, 503, "unavailable_error"))
+        for request_id in ended:
+            self._post("abort", request_id)
+        return ended
+
+    def _refusal(self) -> str | None:
+        if self.failure is not None:
+            return FAILED + self.failure
+        return self._ended
+
+    @property
+    def open_requests(self) -> int:
+        """Engine requests with an open stream."""
+        return len(self._streams)
 
     @property
     def engine(self) -> LLMEngine:
@@ -135,7 +122,12 @@ class AsyncEngine:
         events: asyncio.Queue[list[StreamEvent]] = asyncio.Queue()
         if request_id in self._streams:
             raise RequestRejected(f"duplicate request id {request_id!r}")
-        self._streams[request_id] = (loop, events)
+        self._streams.open(request_id, loop, events)
+        refusal = self._refusal()  # after open(): an ending either sees this stream or is seen
+        if refusal is not None:
+            self._streams.close(request_id)
+            yield ErrorEvent(refusal, 503, "unavailable_error")
+            return
         self._adds.hold(loop, (request_id, list(prompt_ids), params))
         done = False
         try:
@@ -145,7 +137,7 @@ class AsyncEngine:
                     if isinstance(event, FinishedEvent | ErrorEvent):
                         done = True
         finally:
-            self._streams.pop(request_id, None)
+            self._streams.close(request_id)
             if not done:
                 self.abort(request_id)
 
@@ -168,10 +160,6 @@ class AsyncEngine:
         self._adds.flush(None)  # an add still held back must reach the engine before its abort
         self._post("abort", request_id)
 
-    def _post(self, kind: str, payload: Any) -> None:
-        self._inbox.put((kind, payload))
-        self._wake.set()
-
     # ----------------------------------------------------------------- read-only views
     def slots(self) -> list[dict[str, object]]:
         return list(self._slots)
@@ -193,110 +181,3 @@ class AsyncEngine:
         if self._engine is None:
             return {}
         return self._engine.observations.drain()
-
-    # ----------------------------------------------------------------- engine thread
-    def _main(self) -> None:
-        try:
-            self._engine = LLMEngine(self.config, self._runner)
-        except Exception as e:
-            log.exception("loading the model failed")
-            self.load_error = f"{type(e).__name__}: {e}"
-            return
-        self._slots = describe_slots(self._engine)
-        self.ready = True
-        while not self._stop.is_set():
-            self._drain_inbox()
-            self._embed_one()
-            if self._engine.has_work:
-                try:
-                    events = self._engine.step()
-                except Exception:
-                    log.exception("engine step failed; failing the requests in flight")
-                    events = self._fail_all()
-                self._announce_queue(events)
-                self._dispatch(events)
-                self._slots = describe_slots(self._engine)
-            elif not self._embeds:
-                self._slots = describe_slots(self._engine)
-                self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
-        for job in self._embeds:  # shutdown: nobody is left to run them
-            job.settle(RuntimeError("the engine stopped"))
-        self._engine.close()  # shutdown: copies in flight land, then every cell and buffer is freed
-
-    def _drain_inbox(self) -> None:
-        assert self._engine is not None
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "add":
-                for request_id, prompt_ids, params in payload:
-                    try:
-                        self._engine.add_request(request_id, prompt_ids, params)
-                    except RequestRejected as e:  # the queue is full: refused before any event
-                        self._dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
-            elif kind == "abort":
-                self._engine.abort(payload)
-            elif kind == "embed":
-                self._embeds.append(payload)
-
-    def _embed_one(self) -> None:
-        """One prompt of the oldest embedding job (a turn of the loop: then a step runs)."""
-        if not self._embeds:
-            return
-        assert self._engine is not None
-        embed = embed_member(self._engine.runner)
-        assert embed is not None  # check_embedding refused the job otherwise
-        try:
-            done = self._embeds[0].run_next(embed)
-        except Exception:
-            log.exception("an embedding failed; its request gets a 500")
-            done = True
-        if done:
-            self._embeds.popleft()
-
-    def _announce_queue(self, events: dict[str, list[StreamEvent]]) -> None:
-        """Publish the wait queue's places; tell each request the step left waiting, once.
-
-        Only after a step: a request that the step admitted never hears it was queued.
-        """
-        assert self._engine is not None
-        places = {req.request_id: i for i, req in enumerate(self._engine.scheduler.waiting, 1)}
-        for request_id, place in places.items():
-            if request_id not in self._announced:
-                events.setdefault(request_id, []).insert(0, QueuedEvent(place))
-        self._announced = set(places)  # a request never re-enters the queue once it has left
-        self._queued = places
-
-    def _fail_all(self) -> dict[str, list[StreamEvent]]:
-        assert self._engine is not None
-        failed: dict[str, list[StreamEvent]] = {}
-        for request_id in list(self._streams):
-            try:
-                self._engine.abort(request_id)
-            except Exception:  # the engine's own state is what broke: the client still hears
-                log.exception("aborting %s after a failed step failed too", request_id)
-            failed[request_id] = [ErrorEvent("internal error while running the model", 500)]
-        return failed
-
-    def _dispatch(self, events: dict[str, list[StreamEvent]]) -> None:
-        """Hand one step's events to their streams: one wake-up of each event loop per step, not
-        one per request (each wake-up is a write to the loop's self-pipe and a turn of it)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
-        for request_id, batch in events.items():
-            target = self._streams.get(request_id)
-            if target is None:
-                continue  # the client is gone; its abort is already queued
-            loop, q = target
-            by_loop.setdefault(loop, []).append((q, batch))
-        for loop, deliveries in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that event loop is closed
-                loop.call_soon_threadsafe(_deliver, deliveries)
-
-
-def _deliver(deliveries: list[_Delivery]) -> None:
-    """On the event loop: each stream's batch into its queue."""
-    for q, batch in deliveries:
-        q.put_nowait(batch)

@@ -25,12 +25,14 @@ from kvpark.server.auth import APIKeyMiddleware
 from kvpark.server.body import read_json
 from kvpark.server.embeddings import create_embeddings
 from kvpark.server.errors import (
+    RETRY_AFTER_SECONDS,
     APIError,
     api_error_response,
     http_error_response,
     internal_error_response,
     log,
 )
+from kvpark.server.lifecycle import InFlight, Lifecycle
 from kvpark.server.messages_api import METHODS as MESSAGES_METHODS
 from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
 
 Handler = Callable[[Request], Awaitable[Response]]
+RETRY_AFTER = {"Retry-After": str(RETRY_AFTER_SECONDS)}
 
 
 class Routes(ServedModel):
@@ -81,6 +84,11 @@ class Routes(ServedModel):
         return JSONResponse(detokenize(body, engine.tokenizer))
 
     async def health(self, request: Request) -> Response:
+        if self.engine.failure is not None:
+            body = {"status": "failed", "reason": self.engine.failure}
+            return JSONResponse(body, status_code=503, headers=RETRY_AFTER)
+        if self.lifecycle.draining:
+            return JSONResponse({"status": "draining"}, status_code=503, headers=RETRY_AFTER)
         self.ready_engine()
         return JSONResponse({"status": "ok"})
 
@@ -127,11 +135,17 @@ def _guard(handler: Handler) -> Handler:
 
 
 def build_app(
-    engine: AsyncEngine, server_config: ServerConfig, start_engine: bool = True
+    engine: AsyncEngine,
+    server_config: ServerConfig,
+    start_engine: bool = True,
+    lifecycle: Lifecycle | None = None,
 ) -> Starlette:
     """The ASGI app. With ``start_engine`` its lifespan starts the engine (the model loads in the
-    background; ``/health`` answers 503 until it is ready) and shuts it down at exit."""
-    r = Routes(engine, server_config)
+    background; ``/health`` answers 503 until it is ready) and shuts it down at exit.
+    ``lifecycle``: the draining and in-flight state the server's supervisor shares (a fresh one
+    otherwise)."""
+    lifecycle = lifecycle or Lifecycle()
+    r = Routes(engine, server_config, lifecycle)
     routes = [
         Route("/health", _guard(r.health), methods=["GET"]),
         Route("/v1/models", _guard(r.models), methods=["GET"]),
@@ -147,7 +161,7 @@ def build_app(
         Route("/slots", _guard(r.slots), methods=["GET"]),
         Route("/metrics", _guard(r.metrics_text), methods=["GET"]),
     ]
-    middleware = []
+    middleware = [Middleware(InFlight, lifecycle=lifecycle)]
     if server_config.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=server_config.api_key))
 

@@ -55,6 +55,10 @@ class FanIn:
         self._tasks: list[asyncio.Task[None]] = []
         self._running = 0
 
+    def choices(self) -> list[int]:
+        """Each prompt's number of choices (its ``n``)."""
+        return [params.n for _, params in self._jobs]
+
     def engine_request_id(self, prompt: int) -> str:
         return self._request_id if len(self._jobs) == 1 else f"{self._request_id}-{prompt}"
 

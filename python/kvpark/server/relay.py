@@ -1,7 +1,8 @@
 """One request's engine events into its API's answer: a stream of frames, or every event fed to
 the builder before one object. Every generating route (chat and completions, Responses, Anthropic
 Messages) relays through here, so park notices, pings, ``: queued`` places and disconnect aborts
-are the same on each."""
+are the same on each. An engine error after an OpenAI stream has started first ends each open
+choice with ``finish_reason: "error"`` (server/error_close.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from kvpark.engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
+from kvpark.server.error_close import ErrorClose
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import FanIn
-from kvpark.server.sse import OPENAI, Framing, StreamBuilder, sse_frames
+from kvpark.server.sse import OPENAI, EventSource, Framing, StreamBuilder, sse_frames
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
@@ -30,12 +32,17 @@ async def stream_frames(
     def position(prompt: int) -> int | None:  # a queued prompt's current place
         return engine.queue_position(fan_in.engine_request_id(prompt))
 
+    started = False
     async with fan_in as events:
+        source: EventSource = events
+        if framing is OPENAI:  # each open choice ends with finish_reason "error" on an error
+            source = builder = ErrorClose(events, builder, fan_in.choices(), lambda: started)
         frames = sse_frames(
-            events, builder, ping_interval, multi_prompt, position=position, framing=framing
+            source, builder, ping_interval, multi_prompt, position=position, framing=framing
         )
         try:
             async for frame in frames:
+                started = True
                 yield frame
         finally:
             await frames.aclose()

@@ -1,7 +1,9 @@
 """``kvpark serve``: uvicorn on host:port, with the model loading in the background.
 
 The socket is bound at once; ``/health`` answers 503 until the engine is ready. If loading fails,
-the error is logged and the process exits with status 1 instead of serving 500s forever.
+the error is logged and the process exits with status 1 instead of serving 500s forever; so it
+does, after its open requests have heard, when the engine fails later. SIGTERM and SIGINT drain
+the server and exit 0 (server/supervisor.py).
 
 Every request is access-logged except ``/health`` polls and ``/metrics`` scrapes (a load balancer or
 Prometheus would otherwise fill the log; ``--log-health`` keeps them), and while requests run a
@@ -24,19 +26,21 @@ from kvpark.config import env
 from kvpark.config.env import Knobs
 from kvpark.config.layers import EngineConfig, ServerConfig
 from kvpark.server.app import build_app
+from kvpark.server.lifecycle import Lifecycle
 from kvpark.server.process_memory import (
     freeze_loaded_objects,
     limit_malloc_arenas,
     release_gpu_libraries,
 )
 from kvpark.server.stats_log import log_stats_every
+from kvpark.server.supervisor import SupervisedServer, supervise
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
 
 log = logging.getLogger("kvpark.server")
 LOAD_POLL_S = 0.1
-GRACEFUL_SHUTDOWN_S = 5
+GRACEFUL_SHUTDOWN_S = 5  # uvicorn's own wait, after the drain (server/supervisor.py) is over
 POLLED_PATHS = frozenset({"/health", "/metrics"})  # not access-logged unless --log-health
 
 
@@ -121,7 +125,8 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         released = release_gpu_libraries()  # before the model loads: the peak is what follows
         log.info("CPU server: the GPU libraries' pages handed back (%d mappings)", released)
     engine = AsyncEngine(engine_config)
-    app = build_app(engine, server_config)
+    lifecycle = Lifecycle()
+    app = build_app(engine, server_config, lifecycle=lifecycle)
     config = uvicorn.Config(
         app,
         host=server_config.host,
@@ -131,14 +136,17 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         http=http,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-    server = uvicorn.Server(config)
+    server = SupervisedServer(config, lifecycle)
     log.info("http stack: %s + %s", "uvloop" if loop_factory else "asyncio", http)
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_serve(server, engine, server_config))
 
 
-async def _serve(server: uvicorn.Server, engine: AsyncEngine, config: ServerConfig) -> int:
-    tasks = [asyncio.create_task(_watch_loading(server, engine, config))]
+async def _serve(server: SupervisedServer, engine: AsyncEngine, config: ServerConfig) -> int:
+    tasks = [
+        asyncio.create_task(_watch_loading(server, engine, config)),
+        asyncio.create_task(supervise(server, engine, server.lifecycle, config)),
+    ]
     if config.log_stats_interval > 0:
         tasks.append(asyncio.create_task(log_stats_every(engine, config.log_stats_interval)))
     try:
@@ -146,7 +154,7 @@ async def _serve(server: uvicorn.Server, engine: AsyncEngine, config: ServerConf
     finally:
         for task in tasks:
             task.cancel()
-    return 1 if engine.load_error is not None else 0
+    return 1 if engine.load_error is not None or engine.failure is not None else 0
 
 
 async def _watch_loading(server: uvicorn.Server, engine: AsyncEngine, config: ServerConfig) -> None:

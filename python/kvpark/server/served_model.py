@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvpark.config.layers import ServerConfig
 from kvpark.server.errors import APIError
+from kvpark.server.lifecycle import SHUTTING_DOWN, Lifecycle
 from kvpark.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -22,12 +23,21 @@ DEFAULT_MODEL_ALIAS = "default"
 class ServedModel:
     """One engine and one server config, with the checks every route makes."""
 
-    def __init__(self, engine: AsyncEngine, config: ServerConfig) -> None:
+    def __init__(
+        self, engine: AsyncEngine, config: ServerConfig, lifecycle: Lifecycle | None = None
+    ) -> None:
         self.engine = engine
         self.config = config
+        self.lifecycle = lifecycle or Lifecycle()
         self.metrics = ServerMetrics(engine)
 
     def ready_engine(self) -> AsyncEngine:
+        """The engine, or the 503 (500 for a model that failed to load) every route answers
+        instead: loading, draining, or an engine that has failed."""
+        if self.engine.failure is not None:
+            raise APIError(503, f"the engine failed: {self.engine.failure}", "unavailable_error")
+        if self.lifecycle.draining:
+            raise APIError(503, SHUTTING_DOWN, "unavailable_error")
         if self.engine.load_error is not None:
             raise APIError(500, f"the model failed to load: {self.engine.load_error}")
         if not self.engine.ready:

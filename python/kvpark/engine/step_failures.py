@@ -1,0 +1,63 @@
+"""What the engine thread does when a step raises, whatever it raised (a Python exception, or a
+Rust panic, which pyo3 raises as a ``BaseException``).
+
+Only the requests in the failed step fail: those its plan held (engine/step_watch.py), or, when
+it raised before a plan reached the runner, those holding cells. Each is aborted, which frees its
+cells, and gets a 500 ``ErrorEvent``; requests waiting or parked behind it run on. Then the pool's
+own integrity check runs (``KvPool.check_integrity``, every invariant in O(pool)): a pool the
+failure left broken would corrupt every later step, so that, like an abort that fails and leaves
+the pool inconsistent, is :class:`EngineBroken`, which ends the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from kvpark.engine.outputs import ErrorEvent, StreamEvent
+
+if TYPE_CHECKING:
+    from kvpark.engine.llm_engine import LLMEngine
+
+log = logging.getLogger("kvpark.engine.llm_engine")
+STEP_FAILED = "internal error while running the model"
+
+
+class EngineBroken(RuntimeError):
+    """The engine's state cannot be trusted any more: the engine thread stops serving."""
+
+
+def fail_step(
+    engine: LLMEngine, in_step: set[str] | None, error: BaseException
+) -> dict[str, list[StreamEvent]]:
+    """The failed step's events: one ``ErrorEvent`` for each of its requests, after they are
+    aborted and the pool checked. :class:`EngineBroken` if the pool is not sound."""
+    if in_step is None:  # it raised before its plan was out: those that hold cells
+        in_step = {req.request_id for req in engine.scheduler.running}
+    failed = sorted(in_step)
+    log.error(
+        "a step failed (%s: %s); failing the %d request(s) in it: %s",
+        type(error).__name__,
+        error,
+        len(failed),
+        ", ".join(failed) or "none",
+        exc_info=error,
+    )
+    events: dict[str, list[StreamEvent]] = {}
+    for request_id in failed:
+        try:
+            engine.abort(request_id)
+        except BaseException:  # the client still hears; the integrity check decides what's left
+            log.exception("aborting %s after a failed step failed too", request_id)
+        events[request_id] = [ErrorEvent(STEP_FAILED, 500)]
+    check_pool(engine, "a failed step")
+    return events
+
+
+def check_pool(engine: LLMEngine, after: str) -> None:
+    """The pool's integrity check, logged; :class:`EngineBroken` when it fails."""
+    try:
+        engine.scheduler.pool.check_integrity()
+    except BaseException as e:
+        raise EngineBroken(f"the KV pool's integrity check failed after {after}: {e}") from e
+    log.info("the KV pool's integrity check passed after %s", after)
