@@ -492,10 +492,22 @@ class _LayerSpec(TypedDict):
     down: _Matrix
     k_cells: int
     v_cells: int
+    post_attn_norm: int
+    post_mlp_norm: int
+    sliding: bool
+    rope: int
+
+class _DecoderFeatures(TypedDict):
+    act: str  # "s" (silu) or "g" (gelu_tanh)
+    embed_scale: float
+    attn_scale: float
+    attn_softcap: float  # 0: none
+    final_softcap: float  # 0: none
+    window: int  # 0: no layer slides
 
 @final
 class _CpuDecoder:
-    """A whole CPU decode step in one call. Private: see kvpark.runner.native_runner, which keeps
+    """A whole CPU decode step in one call. Private: see kvpark.runner.cpu_decoder, which keeps
     every tensor behind the addresses alive and checks it."""
 
     def __new__(
@@ -505,13 +517,13 @@ class _CpuDecoder:
         embed: _Matrix,
         norm: int,
         head: _Matrix,
-        rope_cos: int,
-        rope_sin: int,
+        ropes: list[tuple[int, int]],
         rope_values: int,
         layers: list[_LayerSpec],
         kv_values: int,
         kv_dtype: str,
         dot: str,
+        features: _DecoderFeatures,
     ) -> _CpuDecoder: ...
     def step(
         self,

@@ -1,7 +1,7 @@
 //! `_CpuDecoder`: a whole CPU decode step in one call (kvpark_cpu_ops::decoder), ending in the
 //! logits of the rows asked for (`step`) or in their final-norm hidden states (`hidden`).
 //!
-//! Built once by kvpark.runner.native_runner from the addresses of the model's tensors and the
+//! Built once by kvpark.runner.cpu_decoder from the addresses of the model's tensors and the
 //! KV pool's; that runner keeps every tensor alive and in place for the decoder's lifetime and
 //! checks each one's dtype, size and contiguity before it hands the address over.
 
@@ -10,9 +10,11 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use kvpark_cpu_ops::decoder::{self, Dot, KvCells, Layer, Model, Out, Shape, Step, Workspace};
+use kvpark_cpu_ops::decoder::{
+    self, Act, Dot, KvCells, Layer, Model, Out, Rope, Shape, Step, Workspace,
+};
 use kvpark_cpu_ops::{
-    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Scores, Weights, BLOCK, Q6_GROUP,
 };
 
 use super::errors::cpu_ops_err;
@@ -49,6 +51,23 @@ struct LayerSpec {
     down: Matrix,
     k_cells: usize,
     v_cells: usize,
+    post_attn_norm: usize,
+    post_mlp_norm: usize,
+    sliding: bool,
+    rope: usize,
+}
+
+/// The architecture's switches (kvpark_cpu_ops::decoder::Shape): `act` 's' (silu) or 'g' (gelu_tanh);
+/// soft-caps 0 for none; `window` 0 where no layer slides.
+#[derive(FromPyObject, Clone, Copy)]
+#[pyo3(from_item_all)]
+struct Features {
+    act: char,
+    embed_scale: f32,
+    attn_scale: f32,
+    attn_softcap: f32,
+    final_softcap: f32,
+    window: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -64,8 +83,7 @@ pub(super) struct PyCpuDecoder {
     embed: Matrix,
     norm: usize,
     head: Matrix,
-    rope_cos: usize,
-    rope_sin: usize,
+    ropes: Vec<(usize, usize)>,
     rope_values: usize,
     layers: Vec<LayerSpec>,
     kv_values: usize,
@@ -150,8 +168,9 @@ fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
 impl PyCpuDecoder {
     /// `shape`: (hidden, heads, kv_heads, head_dim, intermediate, vocab); `kv_values`: values in
     /// each layer's K (and V) pool; `kv_dtype`: "float32", "bfloat16" or "float16"; `rope_values`: values
-    /// in each of the cos and sin tables ([positions, head_dim / 2]); `dot`: "int8" or "float32"
-    /// (kvpark_cpu_ops::decoder::Dot).
+    /// in each cos and sin table of `ropes` ((cos, sin) addresses, [positions, head_dim / 2]
+    /// each); `dot`: "int8" or "float32" (kvpark_cpu_ops::decoder::Dot); `features`: the
+    /// architecture's switches ([`Features`]: act 's' silu or 'g' gelu_tanh).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -160,15 +179,21 @@ impl PyCpuDecoder {
         embed: Matrix,
         norm: usize,
         head: Matrix,
-        rope_cos: usize,
-        rope_sin: usize,
+        ropes: Vec<(usize, usize)>,
         rope_values: usize,
         layers: Vec<LayerSpec>,
         kv_values: usize,
         kv_dtype: &str,
         dot: &str,
+        features: Features,
     ) -> PyResult<Self> {
         let (hidden, heads, kv_heads, head_dim, intermediate, vocab) = shape;
+        let cap = |c: f32| (c > 0.0).then_some(c);
+        let act = match features.act {
+            's' => Act::Silu,
+            'g' => Act::GeluTanh,
+            other => return Err(PyValueError::new_err(format!("activation {other:?}"))),
+        };
         let shape = Shape {
             hidden,
             heads,
@@ -177,7 +202,28 @@ impl PyCpuDecoder {
             intermediate,
             vocab,
             eps,
+            act,
+            embed_scale: features.embed_scale,
+            scores: Scores {
+                scale: features.attn_scale,
+                softcap: cap(features.attn_softcap),
+            },
+            final_softcap: cap(features.final_softcap),
+            window: features.window,
         };
+        if ropes.is_empty() || ropes.iter().any(|&(c, s)| c == 0 || s == 0) {
+            return Err(PyValueError::new_err(
+                "no rope table, or one without values",
+            ));
+        }
+        if let Some(i) = layers
+            .iter()
+            .position(|l| l.rope >= ropes.len() || (l.sliding && features.window == 0))
+        {
+            return Err(PyValueError::new_err(format!(
+                "layer {i} names a rope table it lacks or slides without a window"
+            )));
+        }
         let kv_dtype = match kv_dtype {
             "float32" => KvDtype::F32,
             "bfloat16" => KvDtype::Bf16,
@@ -213,8 +259,7 @@ impl PyCpuDecoder {
             embed,
             norm,
             head,
-            rope_cos,
-            rope_sin,
+            ropes,
             rope_values,
             layers,
             kv_values,
@@ -310,6 +355,10 @@ impl PyCpuDecoder {
                     mlp_norm: slice(l.mlp_norm, s.hidden),
                     gate_up: weights(&l.gate_up),
                     down: weights(&l.down),
+                    post_attn_norm: maybe(l.post_attn_norm, s.hidden),
+                    post_mlp_norm: maybe(l.post_mlp_norm, s.hidden),
+                    sliding: l.sliding,
+                    rope: l.rope,
                 })
                 .collect();
             let model = Model {
@@ -319,8 +368,14 @@ impl PyCpuDecoder {
                 layers,
                 norm: slice(self.norm, s.hidden),
                 head: weights(&self.head),
-                rope_cos: slice(self.rope_cos, self.rope_values),
-                rope_sin: slice(self.rope_sin, self.rope_values),
+                ropes: self
+                    .ropes
+                    .iter()
+                    .map(|&(cos, sin)| Rope {
+                        cos: slice(cos, self.rope_values),
+                        sin: slice(sin, self.rope_values),
+                    })
+                    .collect(),
             };
             let n = self.kv_values;
             let cells = |at: usize| -> KvCells<'_> {

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from kvpark.model import LoadedModel, ModelLoadError, load_model
+from kvpark.model.gguf_arch import arch_from_gguf
 from kvpark.model.gguf_blocks import Blocks
-from kvpark.model.gguf_file import GgufFile, arch_from_gguf
+from kvpark.model.gguf_file import GgufFile
 from kvpark.model.gguf_tensors import DEQUANT, iter_tensors, read_tensor
 from kvpark.model.ops import AttentionMetadata, KVCache
 from kvpark.tokenizer.tokenizer import Tokenizer

@@ -126,7 +126,7 @@ def test_the_numpy_weights_are_the_torch_models_bit_for_bit(tmp_path: Path, vari
     assert (ours.head is ours.embed) == ours.arch.tie_embeddings
     assert same_vector(ours.norm, theirs.norm)
     cos, sin = rope_angles(ours.arch.inv_freq(ours.rope_freqs), ours.arch.max_position)
-    assert same_vector(cos, theirs.rope.cos) and same_vector(sin, theirs.rope.sin)
+    assert same_vector(cos, theirs.ropes[0].cos) and same_vector(sin, theirs.ropes[0].sin)
     if "rope factors" in variant:  # the factors reached the table: it differs from the plain one
         plain, _ = rope_angles(ours.arch.inv_freq(), ours.arch.max_position)
         assert not np.array_equal(plain, cos)
@@ -165,7 +165,10 @@ def test_the_dense_torch_model_holds_what_gguf_reads(tmp_path: Path, variant: st
                 assert got_t.dtype == dtype and torch.equal(
                     got_t.view(torch.int16), rounded.to(dtype).view(torch.int16)
                 ), (dtype, attr)
-        assert torch.equal(small.rope.cos, model.rope.cos)  # the rope factors kept their bits
+        # the rope factors kept their bits
+        assert torch.equal(
+            small.ropes[0].cos, model.ropes[0].cos
+        )  # the rope factors kept their bits
 
 
 K_QUANT_FILES = {

@@ -112,7 +112,7 @@ class Model:
         ]
         self.inputs = DecoderInputs()  # alive with the decoder
         self.decoder = build_decoder(
-            a, layers, self.embed, self.norm, self.head, self.rope, "float32", int8, self.inputs
+            a, layers, self.embed, self.norm, self.head, [self.rope], "float32", int8, self.inputs
         )
 
     def run(self, method: str) -> F32:
@@ -249,11 +249,18 @@ def test_dense_matrices_are_checked() -> None:
             inputs.matrix(model.embed),
             inputs.addr(model.norm),
             inputs.matrix(head),
-            inputs.addr(model.rope[0]),
-            inputs.addr(model.rope[1]),
+            [(inputs.addr(model.rope[0]), inputs.addr(model.rope[1]))],
             model.rope[0].size,
             [],
             1,
             "float32",
             "float32",
+            {
+                "act": "s",
+                "embed_scale": 1.0,
+                "attn_scale": 0.25,
+                "attn_softcap": 0.0,
+                "final_softcap": 0.0,
+                "window": 0,
+            },
         )

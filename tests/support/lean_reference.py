@@ -24,7 +24,7 @@ import numpy.typing as npt
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.numpy_weights import NumpyWeights
-from kvpark.model.rope_angles import rope_angles
+from kvpark.model.rope_angles import rope_tables
 from kvpark.model.weight_arrays import Matrix
 from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.sched.plan import StepItem, StepPlan
@@ -62,19 +62,28 @@ def reference(w: NumpyWeights, tokens: list[int]) -> tuple[F64, F64]:
     a = w.arch
     t, d, half = len(tokens), a.head_dim, a.head_dim // 2
     nq, nkv, group = a.n_heads * d, a.n_kv_heads * d, a.n_heads // a.n_kv_heads
-    cos, sin = (x.astype(np.float64)[:t, None, :] for x in rope_angles(a.inv_freq(w.rope_freqs), t))
+    tables = [
+        (c.astype(np.float64)[:t, None, :], s.astype(np.float64)[:t, None, :])
+        for c, s in rope_tables(a, w.rope_freqs)
+    ]
 
     def rms(v: F64, weight: F32) -> F64:
         out: F64 = v / np.sqrt((v * v).mean(-1, keepdims=True) + a.rms_eps) * weight
         return out
 
-    def rope(v: F64) -> F64:
+    def rope(v: F64, table: int) -> F64:
+        cos, sin = tables[table]
         x1, x2 = v[..., :half], v[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
-    causal = np.tril(np.ones((t, t), dtype=bool))
-    x = exact(w.embed)[tokens]
-    for layer in w.layers:
+    def cap(v: F64, c: float | None) -> F64:
+        return v if c is None else c * np.tanh(v / c)
+
+    rows, cols = np.arange(t)[:, None], np.arange(t)[None, :]
+    x = exact(w.embed)[tokens] * np.float64(np.float32(a.embed_scale))
+    for i, layer in enumerate(w.layers):
+        window = a.window_of(i)
+        causal = (cols <= rows) & (window is None or cols > rows - (window or 0))
         vec, mat = layer.vectors, {k: exact(m) for k, m in layer.matrices.items()}
         qkv = rms(x, vec["attn_norm"]) @ mat["qkv_w"].T + vec.get("qkv_b", 0.0)
         q = qkv[:, :nq].reshape(t, a.n_heads, d)
@@ -82,24 +91,33 @@ def reference(w: NumpyWeights, tokens: list[int]) -> tuple[F64, F64]:
         v = qkv[:, nq + nkv :].reshape(t, a.n_kv_heads, d)
         if "q_norm" in vec:
             q, k = rms(q, vec["q_norm"]), rms(k, vec["k_norm"])
-        q, k = rope(q), rope(k)
+        q, k = rope(q, a.rope_table_of(i)), rope(k, a.rope_table_of(i))
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-        scores = np.where(causal, np.einsum("thd,shd->hts", q, k) / np.sqrt(d), -np.inf)
+        scores = cap(np.einsum("thd,shd->hts", q, k) * a.attention_scale, a.attn_softcap)
+        scores = np.where(causal, scores, -np.inf)
         p = np.exp(scores - scores.max(-1, keepdims=True))
         att = np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), v).reshape(t, nq)
-        x = x + att @ mat["o_w"].T + vec.get("o_b", 0.0)
+        out = att @ mat["o_w"].T + vec.get("o_b", 0.0)
+        x = x + (rms(out, vec["post_attn_norm"]) if a.sandwich_norms else out)
         gu = rms(x, vec["mlp_norm"]) @ mat["gate_up_w"].T
         gate, up = gu[:, : a.intermediate_size], gu[:, a.intermediate_size :]
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ mat["down_w"].T
+        if a.activation == "gelu_tanh":
+            act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        out = (act * up) @ mat["down_w"].T
+        x = x + (rms(out, vec["post_mlp_norm"]) if a.sandwich_norms else out)
     hidden = rms(x, w.norm)
-    return hidden, hidden @ exact(w.head).T
+    return hidden, cap(hidden @ exact(w.head).T, a.final_softcap)
 
 
 def budget(w: NumpyWeights, context: int) -> float:
     """The bound's factor: ``ops * gamma_k`` (module doc)."""
     a = w.arch
     k = max(a.hidden_size, a.intermediate_size, a.n_heads * a.head_dim, context)
-    return (OPS_PER_LAYER * a.n_layers + 2) * gamma(k)
+    # Gemma's extra roundings a layer: two norms, two adds, the soft-cap's divide, tanh, product
+    ops = OPS_PER_LAYER + (7 if a.sandwich_norms else 0)
+    return (ops * a.n_layers + 2 + (2 if a.final_softcap else 0)) * gamma(k)
 
 
 # ---------------------------------------------------------------- the runner's steps
@@ -111,26 +129,28 @@ def step(r: LeanCpuRunner, start: int, tokens: list[int]) -> F32:
     return logits
 
 
-def greedy(r: LeanCpuRunner) -> tuple[list[int], F32]:
+def greedy(r: LeanCpuRunner, prompt: list[int] = PROMPT) -> tuple[list[int], F32]:
     """Half the prompt as one chunk, the rest a row a step, then ``NEW`` greedy tokens: the
     sequence and the logits after each of its rows from the chunk's last on."""
-    first = len(PROMPT) // 2
-    rows = [step(r, 0, PROMPT[:first])]
-    seq = list(PROMPT)
-    for pos in range(first, len(PROMPT) + NEW - 1):
-        if pos >= len(PROMPT):
+    first = len(prompt) // 2
+    rows = [step(r, 0, prompt[:first])]
+    seq = list(prompt)
+    for pos in range(first, len(prompt) + NEW - 1):
+        if pos >= len(prompt):
             seq.append(int(rows[-1].argmax()))
         rows.append(step(r, pos, [seq[pos]]))
     seq.append(int(rows[-1].argmax()))
     return seq, np.stack(rows)
 
 
-def check_logits(r: LeanCpuRunner, want: F64 | None = None) -> None:
+def check_logits(
+    r: LeanCpuRunner, want: F64 | None = None, prompt: list[int] = PROMPT
+) -> list[int]:
     """The runner's logits within the bound of the float64 forward (and of ``want``, another
-    float32 forward's, within twice it), and its greedy tokens the float64 forward's wherever
-    the margin is wider than the bound."""
-    seq, got = greedy(r)
-    first = len(PROMPT) // 2 - 1
+    float32 forward's of the sequence, within twice it), and its greedy tokens the float64
+    forward's wherever the margin is wider than the bound; returns the sequence."""
+    seq, got = greedy(r, prompt)
+    first = len(prompt) // 2 - 1
     ref_hidden, ref_logits = reference(r.weights, seq[:-1])
     ref_hidden, ref_logits = ref_hidden[first:], ref_logits[first:]
     factor = budget(r.weights, len(seq))
@@ -141,11 +161,12 @@ def check_logits(r: LeanCpuRunner, want: F64 | None = None) -> None:
     if want is not None:
         assert np.all(np.abs(got - want[first:]) <= 2 * bound)
     top2 = np.sort(ref_logits, axis=-1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0] > 2 * bound.max(axis=-1))[len(PROMPT) - 1 - first :]
-    picked = np.array(seq[len(PROMPT) :])
+    clear = (top2[:, 1] - top2[:, 0] > 2 * bound.max(axis=-1))[len(prompt) - 1 - first :]
+    picked = np.array(seq[len(prompt) :])
     assert clear.sum() >= NEW // 2  # most steps decide: the check is not vacuous
-    best = ref_logits[len(PROMPT) - 1 - first :].argmax(-1)
+    best = ref_logits[len(prompt) - 1 - first :].argmax(-1)
     assert np.array_equal(picked[clear], best[clear])
+    return seq
 
 
 def alone_and_beside_others(r: LeanCpuRunner) -> tuple[F32, F32]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kvpark.model.arch import SUPPORTED_ARCHS, ModelArch, ModelLoadError, RopeScaling
+from kvpark.model.arch import ModelLoadError
 
 _MAGIC = b"GGUF"
 _SCALARS = {
@@ -153,63 +153,20 @@ class GgufFile:
         advise(dontneed, first, min(start + n_bytes, len(self._mm)) - first)
 
 
-def arch_from_gguf(g: GgufFile) -> ModelArch:
-    md = g.metadata
-    arch = md.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(
-            f"{g.path}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
-
-    def key(name: str, default: Any = None) -> Any:
-        value = md.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{g.path}: metadata lacks {arch}.{name}")
-        if isinstance(value, list):
-            raise ModelLoadError(f"{g.path}: per-layer {arch}.{name} is not supported")
-        return value
-
-    hidden, n_heads = int(key("embedding_length")), int(key("attention.head_count"))
-    embed = next((t for t in g.tensors if t.name == "token_embd.weight"), None)
-    if embed is None:
-        raise ModelLoadError(f"{g.path}: no token_embd.weight tensor")
-    scaling = None
-    scaling_type = md.get(f"{arch}.rope.scaling.type", "none")
-    if scaling_type == "linear":
-        scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
-    elif scaling_type not in ("none", None):
-        raise ModelLoadError(f"{g.path}: rope scaling {scaling_type!r} is not supported")
-    return ModelArch(
-        arch=arch,
-        n_layers=int(key("block_count")),
-        hidden_size=hidden,
-        n_heads=n_heads,
-        n_kv_heads=int(key("attention.head_count_kv", n_heads)),
-        head_dim=int(key("attention.key_length", hidden // n_heads)),
-        intermediate_size=int(key("feed_forward_length")),
-        vocab_size=embed.shape[1],
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        max_position=int(key("context_length")),
-        tie_embeddings=not g.has_tensor("output.weight"),
-        qkv_bias=g.has_tensor("blk.0.attn_q.bias"),
-        o_bias=g.has_tensor("blk.0.attn_output.bias"),
-        qk_norm=g.has_tensor("blk.0.attn_q_norm.weight"),
-        rope_scaling=scaling,
-    )
-
-
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": "rope_freqs",
 }
+# read into ModelArch (Phi-3's LongRoPE), not weights
+SKIPPED = ("rope_factors_long.weight", "rope_factors_short.weight")
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
@@ -218,15 +175,27 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma's names (its HF post_attention_layernorm norms the attention's output), Phi-3's fused
+# gate/up in ffn_up
+_ARCH_LAYER_NAMES = {
+    "gemma2": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+}
+_ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """llama.cpp's tensor name -> the Hugging Face name the weights are assembled under."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _LAYER_NAMES | _ARCH_LAYER_NAMES.get(arch, {})
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     raise ModelLoadError(f"unexpected GGUF tensor {gguf_name!r}")
 
 

@@ -31,7 +31,7 @@ from kvpark.model.gguf_blocks import (
     nibbles,
     unpermute_rows,
 )
-from kvpark.model.gguf_file import GgufFile, TensorInfo, hf_name
+from kvpark.model.gguf_file import SKIPPED, GgufFile, TensorInfo, hf_name
 from kvpark.model.kquant_repack import KQUANT_TYPES, kquant_blocks
 from kvpark.model.q5_blocks import Q5_TYPES, q5_blocks
 from kvpark.model.weight_arrays import Dense, Matrix, NamedTensor, converted
@@ -49,7 +49,9 @@ def iter_tensors(
     matrices of ``KEPT_TYPES`` as ``Blocks``; dense ones in ``dense_dtype`` where given
     (weight_arrays.converted)."""
     for info in g.tensors:
-        name = hf_name(info.name)
+        if info.name in SKIPPED:
+            continue
+        name = hf_name(info.name, arch.arch)
         value = read_tensor(g, info, blocks=blocks)
         if not isinstance(value, Blocks):
             value = converted(value, dense_dtype)

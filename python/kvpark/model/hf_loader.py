@@ -8,17 +8,30 @@ transformers 5's ``rope_parameters``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvpark.model.arch import ModelArch, ModelLoadError, RopeScaling
 from kvpark.model.safetensors_file import SafetensorsFile
-from kvpark.model.weight_arrays import NamedTensor, converted
+from kvpark.model.weight_arrays import NamedTensor, converted, widened
 from kvpark.tokenizer.tokenizer import Tokenizer
 
-# config.json model_type -> our variant. Mistral is a Llama (its sliding window is handled below).
-_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# config.json model_type -> our variant. Mistral is a Llama with a sliding window.
+_MODEL_TYPES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+}
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+GEMMA = ("gemma2", "gemma3")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -46,48 +59,123 @@ def variant(cfg: dict[str, Any]) -> str:
 def arch_from_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelArch:
     model_type = cfg.get("model_type")
     arch = variant(cfg)
-    if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
-        raise ModelLoadError(f"only SiLU MLPs without bias are supported ({model_type})")
-    rope = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or (
-        rope if rope.get("rope_type", "default") != "default" else None
-    )
-    max_position = int(cfg.get("max_position_embeddings", 4096))
-    window = cfg.get("sliding_window")
-    sliding = cfg.get("use_sliding_window", model_type == "mistral") or (
-        "sliding_attention" in (cfg.get("layer_types") or [])
-    )
-    if sliding and window:
-        # Attention over at most `window` cells is full attention: cap the context there.
-        max_position = min(max_position, int(window))
+    act = _ACTIVATIONS.get(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
+    if act is None or cfg.get("mlp_bias"):
+        raise ModelLoadError(
+            f"only SiLU or tanh-GELU MLPs without bias are supported ({model_type}: "
+            f"{cfg.get('hidden_activation') or cfg.get('hidden_act')})"
+        )
     hidden, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+    n_layers = int(cfg["num_hidden_layers"])
+    max_position = int(cfg.get("max_position_embeddings", 4096))
+    global_rope, local_rope = _rope_parameters(cfg)
+    if float(global_rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelLoadError(f"partial rotary embeddings are not supported ({model_type})")
+    window, sliding = _sliding(cfg, n_layers, max_position)
     attention_bias = bool(cfg.get("attention_bias", False))
+    gemma = arch in GEMMA
     return ModelArch(
         arch=arch,
-        n_layers=int(cfg["num_hidden_layers"]),
+        n_layers=n_layers,
         hidden_size=hidden,
         n_heads=n_heads,
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-        head_dim=int(cfg.get("head_dim") or hidden // n_heads),
+        head_dim=head_dim,
         intermediate_size=int(cfg["intermediate_size"]),
         vocab_size=int(cfg["vocab_size"]),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        rope_theta=float(global_rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position=max_position,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)) or not has_lm_head,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", gemma)) or not has_lm_head,
         qkv_bias=arch == "qwen2" or attention_bias,
         o_bias=arch != "qwen2" and attention_bias,
-        qk_norm=arch == "qwen3",
-        rope_scaling=_rope_scaling(scaling),
+        qk_norm=arch in ("qwen3", "gemma3"),
+        rope_scaling=_rope_scaling(global_rope, cfg),
+        activation=act,
+        embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
+        sandwich_norms=gemma,
+        attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+        attn_softcap=cfg.get("attn_logit_softcapping") if gemma else None,
+        final_softcap=cfg.get("final_logit_softcapping") if gemma else None,
+        sliding_window=window,
+        sliding_layers=sliding,
+        local_rope_theta=(
+            float(local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+            if local_rope is not None
+            else None
+        ),
     )
 
 
-def _rope_scaling(s: dict[str, Any] | None) -> RopeScaling | None:
-    if not s:
-        return None
+def _rope_parameters(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The full-attention layers' rope parameters, and the sliding layers' where they have
+    their own (Gemma 3: transformers 5's per-layer-type dict, or 4's ``rope_local_base_freq``)."""
+    rope = cfg.get("rope_parameters") or {}
+    if "full_attention" in rope:
+        local = rope.get("sliding_attention")
+        return dict(rope["full_attention"]), (dict(local) if local is not None else None)
+    merged = dict(rope)
+    if cfg.get("rope_scaling"):  # transformers 4's spelling
+        merged |= cfg["rope_scaling"]
+    if "rope_theta" in cfg and "rope_theta" not in merged:
+        merged["rope_theta"] = cfg["rope_theta"]
+    local = {"rope_theta": cfg["rope_local_base_freq"]} if "rope_local_base_freq" in cfg else None
+    return merged, local
+
+
+def _sliding(
+    cfg: dict[str, Any], n_layers: int, max_position: int
+) -> tuple[int | None, tuple[bool, ...]]:
+    """The sliding window and which layers slide: ``layer_types`` where the config lists them,
+    else every layer of a Mistral or Phi-3 with a window, else Qwen2's layers from
+    ``max_window_layers`` on where ``use_sliding_window``. A window that covers the whole
+    context slides nothing."""
+    window = cfg.get("sliding_window")
+    if not window or int(window) >= max_position:
+        return None, ()
+    types = cfg.get("layer_types")
+    if types:
+        sliding = tuple(t == "sliding_attention" for t in types)
+    elif cfg.get("model_type") in ("mistral", "phi3") and cfg.get("use_sliding_window", True):
+        sliding = (True,) * n_layers
+    elif cfg.get("use_sliding_window"):
+        first = int(cfg.get("max_window_layers", 0))
+        sliding = tuple(i >= first for i in range(n_layers))
+    else:
+        return None, ()
+    if len(sliding) != n_layers:
+        raise ModelLoadError(f"layer_types lists {len(sliding)} layers of {n_layers}")
+    return (int(window), sliding) if any(sliding) else (None, ())
+
+
+def _rope_scaling(s: dict[str, Any], cfg: dict[str, Any]) -> RopeScaling | None:
     kind = s.get("rope_type", s.get("type"))
     if kind in (None, "default"):
         return None
+    if kind in ("longrope", "su"):  # Phi-3 (su: its first name)
+        original = int(
+            s.get("original_max_position_embeddings")
+            or cfg.get("original_max_position_embeddings")
+            or cfg.get("max_position_embeddings", 4096)
+        )
+        factor = float(
+            s.get("factor") or int(cfg.get("max_position_embeddings", original)) / original
+        )
+        attention = s.get("attention_factor")
+        if attention is None:
+            attention = (
+                1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+            )
+        return RopeScaling(
+            "longrope",
+            factor,
+            original_max_position=original,
+            # float32, as transformers holds them (and GGUF stores them)
+            short_factor=tuple(float(np.float32(v)) for v in s["short_factor"]),
+            long_factor=tuple(float(np.float32(v)) for v in s["long_factor"]),
+            attention_factor=float(attention),
+        )
     if kind == "linear":
         return RopeScaling("linear", float(s["factor"]))
     if kind == "llama3":
@@ -98,7 +186,7 @@ def _rope_scaling(s: dict[str, Any] | None) -> RopeScaling | None:
             high_freq_factor=float(s["high_freq_factor"]),
             original_max_position=int(s["original_max_position_embeddings"]),
         )
-    raise ModelLoadError(f"rope scaling {kind!r} is not supported (llama3, linear)")
+    raise ModelLoadError(f"rope scaling {kind!r} is not supported (llama3, linear, longrope)")
 
 
 def safetensor_files(root: Path) -> list[SafetensorsFile]:
@@ -113,13 +201,17 @@ def tensor_names(files: list[SafetensorsFile]) -> list[str]:
 
 
 def iter_tensors(
-    files: list[SafetensorsFile], dense_dtype: str | None = None
+    files: list[SafetensorsFile], dense_dtype: str | None = None, arch: str = ""
 ) -> Iterator[NamedTensor]:
     """Every tensor of every file: in ``dense_dtype`` where given (weight_arrays.converted),
-    read-only views of the mapped files where that is their own."""
+    read-only views of the mapped files where that is their own. A Gemma's norm weights come
+    as ``1 + w`` in float32, what its norms multiply by (and what llama.cpp's GGUFs store)."""
     for f in files:
         for name in f.keys():  # noqa: SIM118 (not a dict)
-            yield NamedTensor(name, converted(f.get(name), dense_dtype), f.dtype_name(name))
+            value = converted(f.get(name), dense_dtype)
+            if arch in GEMMA and name.endswith("norm.weight"):
+                value = widened(value).astype(np.float32) + np.float32(1.0)
+            yield NamedTensor(name, value, f.dtype_name(name))
 
 
 def _token(value: Any) -> str | None:

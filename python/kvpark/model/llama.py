@@ -1,10 +1,13 @@
-"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3), all of it in this file.
+"""The decoder of every architecture kvpark serves (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3,
+Gemma 2/3, Phi-3): the Llama layer with ModelArch's switches, all of it in this file.
 
 One forward runs one step: a flat batch of rows from several sequences (prompt chunks and decode
 tokens alike). Each row's K and V go to its cell in the paged pool, then each row attends to its own
 sequence's cells up to its position (``AttentionMetadata``). Weights use Hugging Face's layout with
 Q/K/V fused into one matrix and gate/up into another, so a layer is four matmuls. Every op goes
-through an ``OpSet`` so that exact mode can replace matmuls and attention.
+through an ``OpSet`` so that exact mode can replace matmuls and attention. Attention that is not
+plain (a sliding window, a score scale or soft-cap of its own: Gemma, Phi-3, Mistral) goes
+through ``masked_attention`` instead of the set's kernels, in the set's row-invariance.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 
 from kvpark.model.arch import ModelArch
 from kvpark.model.ops import BlockWeight, KVCache, OpSet, Weight
+from kvpark.model.ops import masked_attention as masked
 from kvpark.model.ops.metadata import AttentionMetadata
 from kvpark.model.ops.rope import RopeTable
 from kvpark.model.weight_names import MATRICES as _MATRICES
@@ -47,6 +51,9 @@ class Block(nn.Module):
         gate_up = (2 * a.intermediate_size, hidden)  # rows: gate, up
         self.gate_up_w: Weight = _param(gate_up, dtype, device)
         self.down_w: Weight = _param((hidden, a.intermediate_size), dtype, device)
+        # Gemma: norms of the attention's and the MLP's outputs, before each residual add
+        self.post_attn_norm = _param((hidden,), dtype, device) if a.sandwich_norms else None
+        self.post_mlp_norm = _param((hidden,), dtype, device) if a.sandwich_norms else None
 
     def forward(
         self,
@@ -55,7 +62,7 @@ class Block(nn.Module):
         k_cache: Tensor,  # [pages, page_size, kv_heads, head_dim]
         v_cache: Tensor,
         meta: AttentionMetadata,
-        plan: object,  # ops.prepare_attention(meta, ...): built once per step, used by all layers
+        plan: object,  # ops.prepare_attention(meta, ...) or a MaskedPlan: built once per step
         ops: OpSet,
     ) -> Tensor:
         a = self.arch
@@ -73,12 +80,22 @@ class Block(nn.Module):
             q, k = qk[:, :nh], qk[:, nh:]  # [T, nh, d], [T, nkv, d]
         v = qkv[:, (nh + nkv) * d :].view(n_rows, nkv, d)  # [T, nkv, d]
         ops.store_kv(k_cache, v_cache, meta.slot_mapping, k, v)
-        att = ops.attention(q, k_cache, v_cache, plan)  # [T, nh, d]
-        x = x + ops.linear(att.reshape(n_rows, nh * d), self.o_w, self.o_b)
+        if isinstance(plan, masked.MaskedPlan):
+            att = masked.masked_attention(q, k_cache, v_cache, plan)
+        else:
+            att = ops.attention(q, k_cache, v_cache, plan)  # [T, nh, d]
+        out = ops.linear(att.reshape(n_rows, nh * d), self.o_w, self.o_b)
+        if self.post_attn_norm is not None:
+            out = ops.rms_norm(out, self.post_attn_norm, a.rms_eps)
+        x = x + out
         h = ops.rms_norm(x, self.mlp_norm, a.rms_eps)
         gate_up = ops.linear(h, self.gate_up_w, None)  # [T, 2 * intermediate]
         gate, up = gate_up.chunk(2, dim=-1)
-        return x + ops.linear(F.silu(gate).mul_(up), self.down_w, None)
+        act = F.gelu(gate, approximate="tanh") if a.activation == "gelu_tanh" else F.silu(gate)
+        out = ops.linear(act.mul_(up), self.down_w, None)
+        if self.post_mlp_norm is not None:
+            out = ops.rms_norm(out, self.post_mlp_norm, a.rms_eps)
+        return x + out
 
 
 class LlamaModel(nn.Module):
@@ -92,7 +109,7 @@ class LlamaModel(nn.Module):
         self.lm_head: Weight = (
             self.embed if arch.tie_embeddings else _param(self.embed.shape, dtype, device)
         )
-        self.rope = RopeTable.build(arch.inv_freq(), arch.max_position, device)
+        self.ropes = RopeTable.build_all(arch, None, device)  # [ModelArch.rope_table_of(layer)]
         # the token embedding kept as blocks (a GGUF's on the CPU): rows are dequantised where
         # they are looked up, bitwise the dense matrix's, and the dense matrix is never built
         # (113 MB for the default model); a tied head multiplies the same blocks
@@ -142,7 +159,9 @@ class LlamaModel(nn.Module):
         x = self.layer_stack(token_ids, positions, meta, kv, ops)
         x = x.index_select(0, logit_rows)  # [S, hidden]: the norm is row-wise, so select first
         x = ops.rms_norm(x, self.norm, self.arch.rms_eps)
-        return ops.linear(x, self.lm_head, None).float()  # [S, vocab]
+        logits = ops.linear(x, self.lm_head, None).float()  # [S, vocab]
+        cap = self.arch.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
     def final_hidden(
@@ -162,9 +181,22 @@ class LlamaModel(nn.Module):
     def layer_stack(
         self, token_ids: Tensor, positions: Tensor, meta: AttentionMetadata, kv: KVCache, ops: OpSet
     ) -> Tensor:  # [T, hidden]: the rows through every layer, before the final norm
+        a = self.arch
         x = self.embed_rows(token_ids)  # [T, hidden]
-        rope = self.rope.at(positions, self.dtype)  # looked up once, used by every layer
-        plan = ops.prepare_attention(meta, self.arch, kv.k[0].dtype)
+        if a.embed_scale != 1.0:  # Gemma: times sqrt(hidden), rounded to the model's dtype
+            x = x * torch.tensor(a.embed_scale, dtype=x.dtype)
+        ropes = [r.at(positions, self.dtype) for r in self.ropes]  # looked up once per step
+        plans: dict[int | None, object] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, kv.k[i], kv.v[i], meta, plan, ops)
+            window = a.window_of(i)
+            if window not in plans:
+                plans[window] = (
+                    ops.prepare_attention(meta, a, kv.k[0].dtype)
+                    if a.plain_attention
+                    else masked.prepare(
+                        meta, window, a.attention_scale, a.attn_softcap, ops.row_invariant
+                    )
+                )
+            rope = ropes[a.rope_table_of(i)]
+            x = layer(x, rope, kv.k[i], kv.v[i], meta, plans[window], ops)
         return x

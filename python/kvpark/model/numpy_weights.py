@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 from kvpark.model import hf_loader
 from kvpark.model.arch import ModelLoadError
+from kvpark.model.gguf_arch import arch_from_gguf
 from kvpark.model.gguf_blocks import Blocks
-from kvpark.model.gguf_file import GgufFile, arch_from_gguf, is_gguf
+from kvpark.model.gguf_file import GgufFile, is_gguf
 from kvpark.model.gguf_tensors import iter_tensors
 from kvpark.model.sources import gguf_tokenizer
 from kvpark.model.weight_arrays import (
@@ -133,8 +134,9 @@ def _read_hf(
     names = hf_loader.tensor_names(files)
     arch = hf_loader.arch_from_config(cfg, has_lm_head="lm_head.weight" in names)
     tokenizer = hf_loader.tokenizer_from_dir(root, cfg)
-    tensors = _bar(hf_loader.iter_tensors(files, dense_dtype), len(names), progress, root.name)
-    return assemble_weights(arch, tensors, str(root), strict=strict), tokenizer, root.name
+    tensors = hf_loader.iter_tensors(files, dense_dtype, arch.arch)
+    shown = _bar(tensors, len(names), progress, root.name)
+    return assemble_weights(arch, shown, str(root), strict=strict), tokenizer, root.name
 
 
 def _bar(

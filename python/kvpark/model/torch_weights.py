@@ -31,8 +31,7 @@ def torch_model(w: NumpyWeights[Matrix], dtype: torch.dtype, device: torch.devic
             _put_matrix(module, attr, matrix, device, f"layer {i}'s {attr}")
     _put(model.norm, w.norm, "the output norm")
     if w.rope_freqs is not None:  # a GGUF's llama3 rope scaling, as per-frequency divisors
-        inv_freq = arch.inv_freq(freq_factors=w.rope_freqs)
-        model.rope = RopeTable.build(inv_freq, arch.max_position, device)
+        model.ropes = RopeTable.build_all(arch, w.rope_freqs, device)
     if isinstance(w.embed, Blocks) and device.type == "cpu":
         # rows are dequantised where they are looked up, bitwise the dense matrix's, and the
         # dense matrix is never built (113 MB for the default model)

@@ -32,7 +32,7 @@ from kvpark.model.weight_arrays import (
     Unfit,
     widened,
 )
-from kvpark.model.weight_names import LAYER_NAMES, LAYER_RE, MATRICES
+from kvpark.model.weight_names import LAYER_RE, MATRICES, WHOLE, layer_names
 
 # gguf_tensors.KEPT_TYPES, as a message says them
 KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K"
@@ -49,6 +49,7 @@ def assemble_weights(
     layers: list[NumpyLayer[Matrix]] = [NumpyLayer() for _ in range(arch.n_layers)]
     found: dict[str, NamedTensor] = {}
     norm = rope_freqs = None
+    names = layer_names(arch.arch)
     for t in tensors:
         name = t.name
         if name.endswith("rotary_emb.inv_freq"):  # a stale rope buffer of old checkpoints
@@ -67,9 +68,9 @@ def assemble_weights(
             rope_freqs = vector(t)
             continue
         m = LAYER_RE.fullmatch(name)
-        if m is None or int(m.group(1)) >= arch.n_layers or m.group(2) not in LAYER_NAMES:
+        if m is None or int(m.group(1)) >= arch.n_layers or m.group(2) not in names:
             raise ModelLoadError(f"unexpected tensor {name!r} for a {arch.arch} model")
-        i, (attr, part) = int(m.group(1)), LAYER_NAMES[m.group(2)]
+        i, (attr, part) = int(m.group(1)), names[m.group(2)]
         if attr in MATRICES:
             if strict and not runnable(t):
                 raise Unfit(not_runnable(t))
@@ -91,6 +92,8 @@ def assemble_weights(
     for i, layer in enumerate(layers):
         for attr, n_parts in MATRICES.items():
             got = layer_parts[i].get(attr, {})
+            if list(got) == [WHOLE]:  # stored fused (Phi-3)
+                got, n_parts = {0: got[WHOLE]}, 1
             if sorted(got) != list(range(n_parts)):
                 raise ModelLoadError(f"{where}: layer {i} lacks parts of {attr}")
             layer.matrices[attr], why = fused([got[j] for j in range(n_parts)])
@@ -168,6 +171,7 @@ def check_shapes(w: NumpyWeights[Matrix]) -> None:
     vectors |= {"qkv_b": a.qkv_size} if a.qkv_bias else {}
     vectors |= {"o_b": hidden} if a.o_bias else {}
     vectors |= {"q_norm": a.head_dim, "k_norm": a.head_dim} if a.qk_norm else {}
+    vectors |= {"post_attn_norm": hidden, "post_mlp_norm": hidden} if a.sandwich_norms else {}
     for i, layer in enumerate(w.layers):
         for attr, shape in want.items():
             got = tuple(layer.matrices[attr].shape)

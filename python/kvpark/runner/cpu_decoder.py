@@ -7,6 +7,7 @@ unmoved for the decoder's life; ``DecoderInputs.keep`` holds them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -20,7 +21,7 @@ from kvpark.runner.step_rows import plan_rows
 from kvpark.sched.plan import StepPlan
 
 if TYPE_CHECKING:
-    from kvpark._core import _LayerSpec, _Matrix
+    from kvpark._core import _DecoderFeatures, _LayerSpec, _Matrix
 
 Array = npt.NDArray[np.generic]
 DenseKind = Literal["f32", "f16", "bf16"]
@@ -93,6 +94,8 @@ class DecoderLayer:
     o_bias: Array | None = None
     q_norm: Array | None = None
     k_norm: Array | None = None
+    post_attn_norm: Array | None = None
+    post_mlp_norm: Array | None = None
 
 
 @dataclass
@@ -141,12 +144,13 @@ def build_decoder(
     embed: Matrix,
     norm: Array,
     head: Matrix,
-    rope: tuple[Array, Array],
+    ropes: Sequence[tuple[Array, Array]],
     pool_dtype: str,
     int8: bool,
     inputs: DecoderInputs,
 ) -> _core._CpuDecoder:
-    """``pool_dtype``: the cells' type (float32, bfloat16, float16); ``int8``: the block dot."""
+    """``ropes``: the arch's rope tables (rope_angles.rope_tables); ``pool_dtype``: the cells'
+    type (float32, bfloat16, float16); ``int8``: the block dot."""
     cell = layers[0].k_cells.dtype.type
     specs: list[_LayerSpec] = [
         {
@@ -162,25 +166,36 @@ def build_decoder(
             "down": inputs.matrix(layer.down),
             "k_cells": inputs.addr(layer.k_cells, cell),
             "v_cells": inputs.addr(layer.v_cells, cell),
+            "post_attn_norm": inputs.addr(layer.post_attn_norm),
+            "post_mlp_norm": inputs.addr(layer.post_mlp_norm),
+            "sliding": arch.window_of(i) is not None,
+            "rope": arch.rope_table_of(i),
         }
-        for layer in layers
+        for i, layer in enumerate(layers)
     ]
     a = arch
-    cos, sin = rope
     shape = (a.hidden_size, a.n_heads, a.n_kv_heads, a.head_dim, a.intermediate_size)
+    features: _DecoderFeatures = {
+        "act": "g" if a.activation == "gelu_tanh" else "s",
+        "embed_scale": a.embed_scale,
+        "attn_scale": a.attention_scale,
+        "attn_softcap": a.attn_softcap or 0.0,
+        "final_softcap": a.final_softcap or 0.0,
+        "window": a.sliding_window if any(a.sliding_layers) and a.sliding_window else 0,
+    }
     return _core._CpuDecoder(
         (*shape, a.vocab_size),
         a.rms_eps,
         inputs.matrix(embed),
         inputs.addr(norm),
         inputs.matrix(head),
-        inputs.addr(cos),
-        inputs.addr(sin),
-        cos.size,
+        [(inputs.addr(cos), inputs.addr(sin)) for cos, sin in ropes],
+        ropes[0][0].size,
         specs,
         layers[0].k_cells.size,
         pool_dtype,
         "int8" if int8 else "float32",
+        features,
     )
 
 

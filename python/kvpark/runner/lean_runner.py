@@ -32,7 +32,7 @@ from kvpark.config.cpus import usable_cpus
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.numpy_weights import NumpyWeights, Unfit, fit_for_decoder, read_model
-from kvpark.model.rope_angles import rope_angles
+from kvpark.model.rope_angles import rope_tables
 from kvpark.model.sources import default_model_path, return_freed_heap
 from kvpark.runner.cpu_decoder import (
     DecoderInputs,
@@ -146,10 +146,12 @@ class LeanCpuRunner:
                 o_bias=layer.vectors.get("o_b"),
                 q_norm=layer.vectors.get("q_norm"),
                 k_norm=layer.vectors.get("k_norm"),
+                post_attn_norm=layer.vectors.get("post_attn_norm"),
+                post_mlp_norm=layer.vectors.get("post_mlp_norm"),
             )
             for layer, matrices, k, v in zip(w.layers, self.matrices, pool.k, pool.v, strict=True)
         ]
-        rope = rope_angles(arch.inv_freq(w.rope_freqs), arch.max_position)
+        rope = rope_tables(arch, w.rope_freqs)
         inputs = DecoderInputs()
         decoder = build_decoder(
             arch,

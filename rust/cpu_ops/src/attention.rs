@@ -37,6 +37,24 @@ pub struct DecodeAttention<'a> {
     pub head_dim: usize,
 }
 
+/// How a score is made of `q . k`: times `scale`, then, where `softcap` is set, squashed to
+/// `softcap * tanh(score / softcap)` (Gemma 2's attention logit soft-capping).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scores {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl Scores {
+    /// `1 / sqrt(head_dim)`, no cap: every Llama-family model's.
+    pub fn standard(head_dim: usize) -> Self {
+        Scores {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+        }
+    }
+}
+
 fn bad(msg: String) -> ShapeError {
     ShapeError(msg)
 }
@@ -96,18 +114,28 @@ impl DecodeAttention<'_> {
 /// `out[row of b, h]` = softmax(q . K / sqrt(d)) V over sequence b's cells, for every sequence
 /// and head; other rows of `out` are left as they are.
 pub fn decode_attention(a: DecodeAttention<'_>, out: &mut [f32]) -> Result<(), ShapeError> {
-    run(a, out, crate::isa::avx2())
+    let scores = Scores::standard(a.head_dim);
+    run(a, scores, out, crate::isa::avx2())
+}
+
+/// [`decode_attention`] with its scores made as `scores` says.
+pub fn decode_attention_with(
+    a: DecodeAttention<'_>,
+    scores: Scores,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    run(a, scores, out, crate::isa::avx2())
 }
 
 /// [`decode_attention`] with the SIMD paths on (where the CPU has them) or off: the same bits.
-fn run(a: DecodeAttention<'_>, out: &mut [f32], simd: bool) -> Result<(), ShapeError> {
+fn run(a: DecodeAttention<'_>, sc: Scores, out: &mut [f32], simd: bool) -> Result<(), ShapeError> {
     a.check(out.len())?;
     match (a.k, a.v) {
-        (KvValues::F32(k), KvValues::F32(v)) => tasks(&a, InPlace(k), InPlace(v), simd, out),
-        (KvValues::Bf16(k), KvValues::Bf16(v)) => tasks(&a, InPlace(k), InPlace(v), simd, out),
+        (KvValues::F32(k), KvValues::F32(v)) => tasks(&a, sc, InPlace(k), InPlace(v), simd, out),
+        (KvValues::Bf16(k), KvValues::Bf16(v)) => tasks(&a, sc, InPlace(k), InPlace(v), simd, out),
         (KvValues::F16(k), KvValues::F16(v)) => match (F16cRows::new(k), F16cRows::new(v)) {
-            (Some(k), Some(v)) if simd => tasks(&a, k, v, simd, out),
-            _ => tasks(&a, F16Plain(k), F16Plain(v), simd, out),
+            (Some(k), Some(v)) if simd => tasks(&a, sc, k, v, simd, out),
+            _ => tasks(&a, sc, F16Plain(k), F16Plain(v), simd, out),
         },
         _ => unreachable!("check() refuses K and V of two kinds"),
     }
@@ -119,7 +147,7 @@ fn run(a: DecodeAttention<'_>, out: &mut [f32], simd: bool) -> Result<(), ShapeE
 /// task reads each cell's K (then V) heads together, one contiguous run of the pool; one head
 /// where there are few sequences, so that one sequence still spreads over the threads. Either
 /// way each (sequence, KV head) does the same arithmetic: the split never changes the bits.
-fn tasks<R: Rows>(a: &DecodeAttention<'_>, k: R, v: R, simd: bool, out: &mut [f32]) {
+fn tasks<R: Rows>(a: &DecodeAttention<'_>, sc: Scores, k: R, v: R, simd: bool, out: &mut [f32]) {
     let out = Output::new(out);
     let seqs = a.rows.len();
     let heads_per_task = if seqs >= WHOLE_CELL_TASKS_PER_THREAD * team_size() {
@@ -140,12 +168,12 @@ fn tasks<R: Rows>(a: &DecodeAttention<'_>, k: R, v: R, simd: bool, out: &mut [f3
             };
             if simd && R::F16C {
                 // SAFETY: AVX2 and FMA are present (isa::avx2), and F16C (R::F16C).
-                unsafe { task_f16c(a, k, v, t, &out, &mut scratch) }
+                unsafe { task_f16c(a, sc, k, v, t, &out, &mut scratch) }
             } else if simd {
                 // SAFETY: AVX2 and FMA are present (isa::avx2).
-                unsafe { task_avx2(a, k, v, t, &out, &mut scratch) }
+                unsafe { task_avx2(a, sc, k, v, t, &out, &mut scratch) }
             } else {
-                one_task(a, k, v, t, &out, &mut scratch)
+                one_task(a, sc, k, v, t, &out, &mut scratch)
             }
         }
     });
@@ -168,13 +196,14 @@ macro_rules! simd_task {
         #[cfg_attr(target_arch = "x86_64", target_feature(enable = $features))]
         unsafe fn $name<R: Rows>(
             a: &DecodeAttention<'_>,
+            sc: Scores,
             k: R,
             v: R,
             task: Task,
             out: &Output<'_>,
             s: &mut Vec<f32>,
         ) {
-            one_task(a, k, v, task, out, s)
+            one_task(a, sc, k, v, task, out, s)
         }
     };
 }
@@ -199,6 +228,7 @@ simd_task!(
 #[inline(always)]
 fn one_task<R: Rows>(
     a: &DecodeAttention<'_>,
+    sc: Scores,
     k_all: R,
     v_all: R,
     task: Task,
@@ -212,7 +242,7 @@ fn one_task<R: Rows>(
     let ctx = a.context[b] as usize;
     let row = a.rows[b] as usize;
     let cells = &a.cells[b * a.stride..b * a.stride + ctx];
-    let scale = 1.0 / (d as f32).sqrt();
+    let scale = sc.scale;
     // query head j of the task's i-th KV head; score and accumulator rows are numbered alike
     let q_at = |i: usize, j: usize| (row * a.heads + (g0 + i) * group + j) * d;
     let at = |cell: i64| (cell as usize * kv + g0) * d;
@@ -231,7 +261,11 @@ fn one_task<R: Rows>(
             let k = k_all.row(at(cell) + i * d, d, wide);
             for j in 0..group {
                 let h = i * group + j;
-                scores[h * ctx + c] = dot(&a.q[q_at(i, j)..][..d], k) * scale;
+                let s = dot(&a.q[q_at(i, j)..][..d], k) * scale;
+                scores[h * ctx + c] = match sc.softcap {
+                    None => s,
+                    Some(cap) => cap * (s / cap).tanh(),
+                };
             }
         }
     }

@@ -50,7 +50,7 @@ mod threads;
 mod tiling;
 mod weights;
 
-pub use attention::{decode_attention, DecodeAttention, KvValues};
+pub use attention::{decode_attention, decode_attention_with, DecodeAttention, KvValues, Scores};
 pub use dense::{matmul_dense, DenseKernel};
 pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use norm::rms_norm;

@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvpark.model.rope_angles import rope_angles
+from kvpark.model.arch import ModelArch
+from kvpark.model.rope_angles import rope_angles, rope_tables
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,16 @@ class RopeTable:
         """inv_freq [head_dim // 2] float64 (see ``ModelArch.inv_freq``)."""
         cos, sin = rope_angles(inv_freq, max_position)
         return cls(cos=torch.from_numpy(cos).to(device), sin=torch.from_numpy(sin).to(device))
+
+    @classmethod
+    def build_all(
+        cls, arch: ModelArch, freq_factors: npt.ArrayLike | None, device: torch.device
+    ) -> list[RopeTable]:
+        """Every table of ``arch`` (rope_angles.rope_tables), the CPU runner's bits."""
+        return [
+            cls(cos=torch.from_numpy(cos).to(device), sin=torch.from_numpy(sin).to(device))
+            for cos, sin in rope_tables(arch, freq_factors)
+        ]
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for ``apply_rope``, each [T, 1, head_dim], for positions [T] int64."""

@@ -2,7 +2,7 @@
 //! conversion, and the kernel's SIMD path against its plain path for every kind of pool.
 
 use super::kv_values::{f16_to_f32, widen_f16c, F16cRows};
-use super::{run, DecodeAttention, KvValues};
+use super::{run, DecodeAttention, KvValues, Scores};
 
 /// An f16's value computed from its fields in f64 (sign * 1.frac * 2^(exp - 15), or
 /// sign * frac * 2^-24 when subnormal), then rounded to f32, which is exact.
@@ -113,7 +113,7 @@ fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
                 kv_heads: kv,
                 head_dim: d,
             };
-            run(a, &mut out, simd).unwrap();
+            run(a, Scores::standard(a.head_dim), &mut out, simd).unwrap();
             out
         };
         let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<u32>>();

@@ -1,7 +1,7 @@
 //! One transformer layer over a step's rows, in place on the residual stream `x`.
 
-use super::{sized, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
-use crate::attention::{decode_attention, DecodeAttention};
+use super::{sized, Act, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
+use crate::attention::{decode_attention_with, DecodeAttention};
 use crate::int8::{matmul_i8, I8Kernel, I8Scratch};
 use crate::norm::rms_norm;
 use crate::product::product;
@@ -101,11 +101,12 @@ pub(super) fn run(
     add_bias(qkv, layer.qkv_bias);
     let q = sized(&mut ws.q, t * nq);
     let tmp = sized(&mut ws.tmp, nq.max(nkv));
+    let rope = model.ropes[layer.rope];
     for r in 0..t {
         let p = step.positions[r] as usize;
         let (cos, sin) = (
-            &model.rope_cos[p * half..(p + 1) * half],
-            &model.rope_sin[p * half..(p + 1) * half],
+            &rope.cos[p * half..(p + 1) * half],
+            &rope.sin[p * half..(p + 1) * half],
         );
         let row = &mut qkv[r * qkv_w..(r + 1) * qkv_w];
         let (qr, kv) = row.split_at_mut(nq);
@@ -118,23 +119,28 @@ pub(super) fn run(
         v_cells.store(cell, vr);
     }
     let att = sized(&mut ws.att, t * nq);
+    let e = if layer.sliding {
+        &ws.windowed
+    } else {
+        &ws.full
+    };
     let a = DecodeAttention {
         q,
         k: k_cells.values(),
         v: v_cells.values(),
-        cells: &ws.cells,
-        stride: ws.stride,
-        context: &ws.context,
-        rows: &ws.rows,
+        cells: &e.cells,
+        stride: e.stride,
+        context: &e.context,
+        rows: &e.rows,
         heads: s.heads,
         kv_heads: s.kv_heads,
         head_dim: d,
     };
-    decode_attention(a, att)?;
+    decode_attention_with(a, s.scores, att)?;
     let proj = sized(&mut ws.proj, t * s.hidden);
     matmul(model.dot, att, t, layer.o, proj, &mut ws.i8)?;
     add_bias(proj, layer.o_bias);
-    x.iter_mut().zip(proj.iter()).for_each(|(x, p)| *x += p);
+    residual_add(x, proj, layer.post_attn_norm, s, &mut ws.h)?;
 
     // MLP: norm, gate/up, silu(gate) * up, down
     let h = sized(&mut ws.h, t * s.hidden);
@@ -145,10 +151,32 @@ pub(super) fn run(
     let act = sized(&mut ws.act, t * i);
     for (row, out) in gu.chunks_exact(2 * i).zip(act.chunks_exact_mut(i)) {
         let (gate, up) = row.split_at(i);
-        super::silu::silu_mul(gate, up, out);
+        match s.act {
+            Act::Silu => super::silu::silu_mul(gate, up, out),
+            Act::GeluTanh => super::gelu::gelu_mul(gate, up, out),
+        }
     }
     let proj = sized(&mut ws.proj, t * s.hidden);
     matmul(model.dot, act, t, layer.down, proj, &mut ws.i8)?;
-    x.iter_mut().zip(proj.iter()).for_each(|(x, p)| *x += p);
+    residual_add(x, proj, layer.post_mlp_norm, s, &mut ws.h)
+}
+
+/// `x += y`, or `x += norm(y)` where the layer norms its outputs (Gemma's sandwich norms).
+fn residual_add(
+    x: &mut [f32],
+    y: &[f32],
+    norm: Option<&[f32]>,
+    s: &Shape,
+    buf: &mut Vec<f32>,
+) -> Result<(), ShapeError> {
+    let y = match norm {
+        None => y,
+        Some(w) => {
+            let normed = sized(buf, y.len());
+            rms_norm(y, w, s.eps, normed)?;
+            normed
+        }
+    };
+    x.iter_mut().zip(y.iter()).for_each(|(x, p)| *x += p);
     Ok(())
 }

@@ -4,6 +4,10 @@
 //! rows wanted, and the head for their logits ([`Out::Logits`]) or nothing more, for their hidden
 //! states ([`Out::Hidden`], what an embedding pools).
 //!
+//! Gemma, Phi-3 and Mistral are this model with switches ([`Shape`], [`Layer`]): scaled
+//! embedding, GeGLU, norms after attention and MLP, score scale and soft-caps, sliding-window
+//! layers (each row's entry cut to the window's last cells) and a rope table per layer kind.
+//!
 //! Why: through torch, a decode step of the default model is ~30 layers × ~15 ops, each a
 //! dispatch, an allocation and (for the block matmuls) a crossing into this crate; at one row
 //! that overhead is as large as the arithmetic. Here Python hands over the step once, every
@@ -15,10 +19,12 @@
 //! entry of its own over its sequence's cells up to its position, so a prompt row gets the bits it
 //! would get as a decode row, and no row's bits depend on the others, the split or the threads.
 
+mod gelu;
 mod kv;
 mod layer;
 mod silu;
 
+use crate::attention::Scores;
 use crate::dense;
 use crate::int8::I8Scratch;
 use crate::norm::rms_norm;
@@ -36,6 +42,25 @@ pub struct Shape {
     pub intermediate: usize,
     pub vocab: usize,
     pub eps: f32,
+    /// the gate's activation in the MLP
+    pub act: Act,
+    /// every embedding row times this (Gemma: sqrt(hidden)); 1 leaves the rows as they are
+    pub embed_scale: f32,
+    /// how attention scores are made (scale, Gemma 2's soft-cap)
+    pub scores: Scores,
+    /// logits -> `c * tanh(logits / c)` (Gemma 2's final soft-cap)
+    pub final_softcap: Option<f32>,
+    /// cells a sliding layer's row attends to, its own included (0: no layer slides)
+    pub window: usize,
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// `silu(gate) * up` (SwiGLU: Llama, Qwen, Phi-3)
+    Silu,
+    /// `gelu_tanh(gate) * up` (GeGLU: Gemma)
+    GeluTanh,
 }
 
 impl Shape {
@@ -58,6 +83,20 @@ pub struct Layer<'a> {
     pub mlp_norm: &'a [f32],
     pub gate_up: Weights<'a>,
     pub down: Weights<'a>,
+    /// Gemma's norms of the attention's and the MLP's outputs, before each residual add.
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub post_mlp_norm: Option<&'a [f32]>,
+    /// whether this layer attends over [`Shape::window`] cells only
+    pub sliding: bool,
+    /// which of [`Model::ropes`] this layer turns with
+    pub rope: usize,
+}
+
+/// A rope table: `[positions, head_dim / 2]` each, cos and sin by position.
+#[derive(Clone, Copy)]
+pub struct Rope<'a> {
+    pub cos: &'a [f32],
+    pub sin: &'a [f32],
 }
 
 /// How the products multiply the blocks. Dense matrices ignore it: int8 activations are
@@ -80,9 +119,8 @@ pub struct Model<'a> {
     pub layers: Vec<Layer<'a>>,
     pub norm: &'a [f32],
     pub head: Weights<'a>,
-    /// `[positions, head_dim / 2]` each: rope's cos and sin by position.
-    pub rope_cos: &'a [f32],
-    pub rope_sin: &'a [f32],
+    /// the rope tables, all of one size: the global one, and the sliding layers' (Gemma 3)
+    pub ropes: Vec<Rope<'a>>,
 }
 
 /// One step's rows, as the scheduler's plan gives them: items (a sequence's consecutive rows,
@@ -121,11 +159,19 @@ pub struct Workspace {
     pub(crate) gate_up: Vec<f32>,
     pub(crate) act: Vec<f32>,
     pub(crate) tmp: Vec<f32>,
+    /// every row's attention entry over its whole context, and over its window's cells
+    pub(crate) full: Entries,
+    pub(crate) windowed: Entries,
+    pub(crate) i8: I8Scratch,
+}
+
+/// One attention entry per row (`attention::DecodeAttention`'s cells, stride, context, rows).
+#[derive(Default)]
+pub(crate) struct Entries {
     pub(crate) cells: Vec<i64>,
     pub(crate) context: Vec<i64>,
     pub(crate) rows: Vec<i64>,
     pub(crate) stride: usize,
-    pub(crate) i8: I8Scratch,
 }
 
 /// Sets `buf` to `len` values, reusing its memory.
@@ -183,35 +229,44 @@ impl Step<'_> {
         Ok(t)
     }
 
-    /// Every row as an attention entry of its own: its sequence's cells up to its position.
-    fn entries(&self, ws: &mut Workspace) -> Result<(), ShapeError> {
+    /// Every row as an attention entry of its own: its sequence's cells up to its position, the
+    /// last `window` of them where `window` is not 0.
+    fn entries(&self, window: usize, e: &mut Entries) -> Result<(), ShapeError> {
         let ps = self.page_size;
+        let first = |p: usize| {
+            if window == 0 {
+                0
+            } else {
+                (p + 1).saturating_sub(window)
+            }
+        };
         let stride = self
             .positions
             .iter()
-            .map(|&p| p as usize + 1)
+            .map(|&p| p as usize + 1 - first(p as usize))
             .max()
             .unwrap_or(1);
-        ws.stride = stride;
-        ws.cells.clear();
-        ws.context.clear();
-        ws.rows.clear();
+        e.stride = stride;
+        e.cells.clear();
+        e.context.clear();
+        e.rows.clear();
         let mut row = 0;
         for (n, table) in self.item_rows.iter().zip(self.page_tables) {
             for r in row..row + n {
-                let ctx = self.positions[r] as usize + 1;
-                if ctx.div_ceil(ps) > table.len() {
+                let end = self.positions[r] as usize + 1;
+                if end.div_ceil(ps) > table.len() {
                     return Err(bad(format!(
                         "row {r} at position {} runs past its {} pages",
-                        ctx - 1,
+                        end - 1,
                         table.len()
                     )));
                 }
-                ws.cells
-                    .extend((0..ctx).map(|c| table[c / ps] * ps as i64 + (c % ps) as i64));
-                ws.cells.resize(ws.cells.len() + stride - ctx, 0);
-                ws.context.push(ctx as i64);
-                ws.rows.push(r as i64);
+                let start = first(end - 1);
+                e.cells
+                    .extend((start..end).map(|c| table[c / ps] * ps as i64 + (c % ps) as i64));
+                e.cells.resize(e.cells.len() + stride - (end - start), 0);
+                e.context.push((end - start) as i64);
+                e.rows.push(r as i64);
             }
             row += n;
         }
@@ -231,17 +286,34 @@ pub fn forward(
 ) -> Result<(), ShapeError> {
     let s = model.shape;
     let half = s.head_dim / 2;
+    let rope_len = model.ropes.first().map_or(0, |r| r.cos.len());
     if !s.head_dim.is_multiple_of(2)
         || half == 0
-        || model.rope_cos.len() != model.rope_sin.len()
-        || !model.rope_cos.len().is_multiple_of(half)
+        || rope_len == 0
+        || !rope_len.is_multiple_of(half)
+        || model
+            .ropes
+            .iter()
+            .any(|r| r.cos.len() != rope_len || r.sin.len() != rope_len)
     {
         return Err(bad(format!(
             "rope tables do not fit a head of {}",
             s.head_dim
         )));
     }
-    let t = step.check(&s, model.rope_cos.len() / half)?;
+    if let Some((i, l)) = model
+        .layers
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.rope >= model.ropes.len() || (l.sliding && s.window == 0))
+    {
+        return Err(bad(format!(
+            "layer {i} names rope table {} of {} or slides without a window",
+            l.rope,
+            model.ropes.len()
+        )));
+    }
+    let t = step.check(&s, rope_len / half)?;
     if model.embed.n() != s.vocab || model.embed.k() != s.hidden {
         return Err(bad(format!(
             "an embedding of [{}, {}]",
@@ -266,11 +338,17 @@ pub fn forward(
             step.out_rows.len(),
         )));
     }
-    step.entries(ws)?;
+    step.entries(0, &mut ws.full)?;
+    if model.layers.iter().any(|l| l.sliding) {
+        step.entries(s.window, &mut ws.windowed)?;
+    }
     let mut x = std::mem::take(&mut ws.x);
     let xs = sized(&mut x, t * s.hidden);
     for (row, &tok) in xs.chunks_exact_mut(s.hidden).zip(step.tokens) {
         embed_row(model.embed, tok as usize, row);
+        if s.embed_scale != 1.0 {
+            row.iter_mut().for_each(|v| *v *= s.embed_scale);
+        }
     }
     let result = (|| {
         for (layer, (k, v)) in model.layers.iter().zip(kv.iter_mut()) {
@@ -289,7 +367,11 @@ pub fn forward(
             Out::Logits(logits) => {
                 let normed = sized(&mut ws.h, n * s.hidden);
                 rms_norm(picked, model.norm, s.eps, normed)?;
-                layer::matmul(model.dot, normed, n, model.head, logits, &mut ws.i8)
+                layer::matmul(model.dot, normed, n, model.head, logits, &mut ws.i8)?;
+                if let Some(cap) = s.final_softcap {
+                    logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+                }
+                Ok(())
             }
         }
     })();
