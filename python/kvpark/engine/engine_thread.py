@@ -139,7 +139,7 @@ class EngineThread:
                 try:
                     events = engine.step()
                 except BaseException as e:  # pyo3's PanicException is no Exception
-                    events = fail_step(engine, watch.in_step, e)
+                    events = fail_step(engine, watch, e)
                 self._announce_queue(events)
                 self._streams.dispatch(events)
                 watch.after_step()

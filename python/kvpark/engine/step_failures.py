@@ -3,7 +3,8 @@ Rust panic, which pyo3 raises as a ``BaseException``).
 
 Only the requests in the failed step fail: those its plan held (engine/step_watch.py), or, when
 it raised before a plan reached the runner, those holding cells. Each is aborted, which frees its
-cells, and gets a 500 ``ErrorEvent``; requests waiting or parked behind it run on. Then the pool's
+cells, and gets a 500 ``ErrorEvent``; requests waiting or parked behind it run on (with the park
+notices the step had for them, lost with its other events). Then the pool's
 own integrity check runs (``KvPool.check_integrity``, every invariant in O(pool)): a pool the
 failure left broken would corrupt every later step, so that, like an abort that fails and leaves
 the pool inconsistent, is :class:`EngineBroken`, which ends the engine.
@@ -14,10 +15,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from kvpark.engine.outputs import ErrorEvent, StreamEvent
+from kvpark.engine.outputs import ErrorEvent, NoticeEvent, StreamEvent
 
 if TYPE_CHECKING:
     from kvpark.engine.llm_engine import LLMEngine
+    from kvpark.engine.step_watch import StepWatch
 
 log = logging.getLogger("kvpark.engine.llm_engine")
 STEP_FAILED = "internal error while running the model"
@@ -28,10 +30,12 @@ class EngineBroken(RuntimeError):
 
 
 def fail_step(
-    engine: LLMEngine, in_step: set[str] | None, error: BaseException
+    engine: LLMEngine, watch: StepWatch, error: BaseException
 ) -> dict[str, list[StreamEvent]]:
     """The failed step's events: one ``ErrorEvent`` for each of its requests, after they are
-    aborted and the pool checked. :class:`EngineBroken` if the pool is not sound."""
+    aborted and the pool checked, and the park notices of the others that the step's lost
+    events held. :class:`EngineBroken` if the pool is not sound."""
+    in_step = watch.in_step
     if in_step is None:  # it raised before its plan was out: those that hold cells
         in_step = {req.request_id for req in engine.scheduler.running}
     failed = sorted(in_step)
@@ -51,7 +55,25 @@ def fail_step(
             log.exception("aborting %s after a failed step failed too", request_id)
         events[request_id] = [ErrorEvent(STEP_FAILED, 500)]
     check_pool(engine, "a failed step")
-    return events
+    return {**lost_notices(engine, watch.parks_before), **events}
+
+
+def lost_notices(
+    engine: LLMEngine, before: dict[str, tuple[int, float | None]]
+) -> dict[str, list[StreamEvent]]:
+    """The park notices the failed step gave requests that run on (parked or resumed as it
+    planned, before it raised): its events are lost with it, and a client must not hear a
+    resume without its park."""
+    sched = engine.scheduler
+    notices: dict[str, list[StreamEvent]] = {}
+    for req in (*sched.running, *sched.parked, *sched.transferring):
+        parks, resumed_at = before.get(req.request_id, (0, None))
+        kinds = ["preempted"] * (req.park.parks - parks)
+        if req.park.resumed_at != resumed_at:
+            kinds += ["resumed", "recomputed"] if req.park.replaying else ["resumed"]
+        if kinds:
+            notices[req.request_id] = [NoticeEvent(kind) for kind in kinds]
+    return notices
 
 
 def check_pool(engine: LLMEngine, after: str) -> None:

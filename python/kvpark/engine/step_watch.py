@@ -49,6 +49,8 @@ class StepWatch:
     def __init__(self, engine: LLMEngine, knobs: Knobs) -> None:
         self.steps = 0  # steps that ran the model so far
         self.in_step: set[str] | None = None  # the running step's requests, once its plan is out
+        # request id -> (parks, when it last resumed), as the running step began
+        self.parks_before: dict[str, tuple[int, float | None]] = {}
         self._knobs = knobs
         self._engine = engine
         self._wedged = threading.Event()  # never set: KVPARK_FAULT_WEDGE waits on it for ever
@@ -63,8 +65,15 @@ class StepWatch:
             self.installed = False
 
     def begin(self) -> None:
-        """A new step: nothing known about it until its plan reaches the runner."""
+        """A new step: nothing known about it until its plan reaches the runner; the parks and
+        resumes of every request in a slot so far (engine/step_failures.py ``lost_notices``)."""
         self.in_step = None
+        sched = self._engine.scheduler
+        self.parks_before = {
+            req.request_id: (req.park.parks, req.park.resumed_at)
+            for group in (sched.running, sched.parked, sched.transferring)
+            for req in group
+        }
 
     def _execute(self, execute: Callable[[StepPlan], Logits], plan: StepPlan) -> Logits:
         by_seq = self._engine.scheduler.by_seq
