@@ -8,15 +8,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kvpark.config.layers import EngineConfig
-from kvpark.engine.async_engine import AsyncEngine
 from kvpark.engine.outputs import NoticeEvent, StreamEvent
+from kvpark.engine.streams import Streams
 from kvpark.sampling.params import SamplingParams
 from kvpark.server.fanout import FanIn, PromptEvent
 
 
 def test_one_step_wakes_each_event_loop_once() -> None:
-    engine = AsyncEngine(EngineConfig())  # never started: only its dispatch is under test
+    streams = Streams()  # the engine thread's hand-over of each step's events
     loop = asyncio.new_event_loop()
     calls = []
     real = loop.call_soon_threadsafe
@@ -25,12 +24,12 @@ def test_one_step_wakes_each_event_loop_once() -> None:
         calls.append(callback)
         return real(callback, *args)
 
-    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
     queues: dict[str, asyncio.Queue[list[StreamEvent]]] = {}
     for rid in ("a", "b", "c"):
         queues[rid] = asyncio.Queue()
-        engine._streams[rid] = (loop, queues[rid])
-    engine._dispatch({rid: [NoticeEvent(rid)] for rid in ("a", "b", "c", "gone")})
+        streams.open(rid, loop, queues[rid])
+    streams.dispatch({rid: [NoticeEvent(rid)] for rid in ("a", "b", "c", "gone")})
     assert len(calls) == 1  # three streams, one wake-up; the departed request is skipped
     loop.run_until_complete(asyncio.sleep(0))
     assert {rid: q.get_nowait() for rid, q in queues.items()} == {
