@@ -481,14 +481,14 @@ class _Matrix(TypedDict):
 
 class _LayerSpec(TypedDict):
     attn_norm: int
-    qkv: _Matrix
+    qkv: list[_Matrix]  # a fused matrix's parts, rows in order
     qkv_bias: int
     q_norm: int
     k_norm: int
     o: _Matrix
     o_bias: int
     mlp_norm: int
-    gate_up: _Matrix
+    gate_up: list[_Matrix]
     down: _Matrix
     k_cells: int
     v_cells: int

@@ -35,19 +35,20 @@ struct Matrix {
     k: usize,
 }
 
-/// One layer: addresses of f32 vectors (0 where the model has none) and its matrices.
-#[derive(FromPyObject, Clone, Copy)]
+/// One layer: addresses of f32 vectors (0 where the model has none) and its matrices; a fused
+/// one (qkv, gate_up) as its parts, rows in order (one part, or several of different kinds).
+#[derive(FromPyObject, Clone)]
 #[pyo3(from_item_all)]
 struct LayerSpec {
     attn_norm: usize,
-    qkv: Matrix,
+    qkv: Vec<Matrix>,
     qkv_bias: usize,
     q_norm: usize,
     k_norm: usize,
     o: Matrix,
     o_bias: usize,
     mlp_norm: usize,
-    gate_up: Matrix,
+    gate_up: Vec<Matrix>,
     down: Matrix,
     k_cells: usize,
     v_cells: usize,
@@ -164,6 +165,20 @@ fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
     Ok(())
 }
 
+/// A fused matrix's parts: each of `k` columns, `n` rows in all.
+fn check_parts(name: &str, parts: &[Matrix], n: usize, k: usize) -> PyResult<()> {
+    if parts.is_empty() || parts.iter().map(|m| m.n).sum::<usize>() != n {
+        return Err(PyValueError::new_err(format!(
+            "{name}: parts of {:?} rows where {n} are wanted",
+            parts.iter().map(|m| m.n).collect::<Vec<_>>()
+        )));
+    }
+    for (j, m) in parts.iter().enumerate() {
+        check_matrix(&format!("{name} part {j}"), m, m.n, k)?;
+    }
+    Ok(())
+}
+
 #[pymethods]
 impl PyCpuDecoder {
     /// `shape`: (hidden, heads, kv_heads, head_dim, intermediate, vocab); `kv_values`: values in
@@ -239,9 +254,9 @@ impl PyCpuDecoder {
         check_matrix("head", &head, vocab, hidden)?;
         check_matrix("embedding", &embed, vocab, hidden)?;
         for (i, l) in layers.iter().enumerate() {
-            check_matrix(&format!("layer {i} qkv"), &l.qkv, qkv, hidden)?;
+            check_parts(&format!("layer {i} qkv"), &l.qkv, qkv, hidden)?;
             check_matrix(&format!("layer {i} o"), &l.o, hidden, heads * head_dim)?;
-            check_matrix(
+            check_parts(
                 &format!("layer {i} gate_up"),
                 &l.gate_up,
                 2 * intermediate,
@@ -340,20 +355,31 @@ impl PyCpuDecoder {
         // SAFETY: the runner keeps every tensor behind these addresses alive and unmoved, with
         // the sizes checked in `new` and by the runner (module doc); `out` is a fresh buffer
         // of exactly this size, and nothing else touches the K/V pools during a step.
+        // SAFETY: as below: the parts' tensors are live and of their checked sizes.
+        let fused: Vec<(Vec<Weights<'_>>, Vec<Weights<'_>>)> = unsafe {
+            self.layers
+                .iter()
+                .map(|l| {
+                    let parts = |ms: &[Matrix]| ms.iter().map(|m| weights(m)).collect();
+                    (parts(&l.qkv), parts(&l.gate_up))
+                })
+                .collect()
+        };
         let (model, mut kv, out) = unsafe {
             let layers = self
                 .layers
                 .iter()
-                .map(|l| Layer {
+                .zip(&fused)
+                .map(|(l, (qkv, gate_up))| Layer {
                     attn_norm: slice(l.attn_norm, s.hidden),
-                    qkv: weights(&l.qkv),
-                    qkv_bias: maybe(l.qkv_bias, l.qkv.n),
+                    qkv,
+                    qkv_bias: maybe(l.qkv_bias, qkv.iter().map(|w| w.n()).sum()),
                     q_norm: maybe(l.q_norm, d),
                     k_norm: maybe(l.k_norm, d),
                     o: weights(&l.o),
                     o_bias: maybe(l.o_bias, s.hidden),
                     mlp_norm: slice(l.mlp_norm, s.hidden),
-                    gate_up: weights(&l.gate_up),
+                    gate_up,
                     down: weights(&l.down),
                     post_attn_norm: maybe(l.post_attn_norm, s.hidden),
                     post_mlp_norm: maybe(l.post_mlp_norm, s.hidden),

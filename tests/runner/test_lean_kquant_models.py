@@ -111,3 +111,25 @@ def test_in_exact_mode_a_q6_k_rows_bits_do_not_depend_on_its_step(
     assert r.row_invariant and r.cpu_paths.describe()["block_dot"] == block_dot
     alone, beside = alone_and_beside_others(r)
     assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
+
+
+# a Q4_K_M file of a bigger model: Q4_K Q and K beside a Q6_K V in one fused Q/K/V, and a
+# Q6_K down; and an F16 V beside Q4_0 Q and K (dense beside blocks in one matrix)
+MIXED_QKV = {
+    "Q6_K V beside Q4_K": dict(attn=Q.Q4_K, v=Q.Q6_K, mlp=Q.Q4_K, down=Q.Q6_K, embed=Q.Q8_0),
+    "F16 V beside Q4_0": dict(attn=Q.Q4_0, v=Q.F16, embed=Q.Q8_0),
+}
+
+
+@pytest.mark.parametrize("case", list(MIXED_QKV))
+def test_a_fused_matrix_of_two_kinds_runs_lean_part_by_part(
+    case: str, tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    path = tmp_path / "mixed.gguf"
+    write_tiny(path, "llama", **MIXED_QKV[case])  # type: ignore[arg-type]
+    r = runner(path, tokenizer, block_dot="float32")
+    assert all(isinstance(ms["qkv_w"], tuple) and len(ms["qkv_w"]) == 3 for ms in r.matrices)
+    check_logits(r)
+    for dot in ("int8", "float32"):
+        alone, beside = alone_and_beside_others(runner(path, tokenizer, block_dot=dot, exact=True))
+        assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)

@@ -25,7 +25,7 @@ from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.numpy_weights import NumpyWeights
 from kvpark.model.rope_angles import rope_tables
-from kvpark.model.weight_arrays import Matrix
+from kvpark.model.weight_arrays import Matrix, Stacked
 from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.sched.plan import StepItem, StepPlan
 
@@ -49,6 +49,8 @@ def config(path: str, **options: object) -> EngineConfig:
 
 def exact(m: Matrix) -> F64:
     """A matrix's values as the runner multiplies them, widened exactly."""
+    if isinstance(m, Stacked):
+        return np.concatenate([exact(p) for p in m.parts])
     if isinstance(m, Blocks):
         return m.dequantize().astype(np.float64)
     if m.dtype == np.uint16:  # bfloat16 bits

@@ -34,7 +34,7 @@ from kvpark.model.gguf_blocks import (
 from kvpark.model.gguf_file import SKIPPED, GgufFile, TensorInfo, hf_name
 from kvpark.model.kquant_repack import KQUANT_TYPES, kquant_blocks
 from kvpark.model.q5_blocks import Q5_TYPES, q5_blocks
-from kvpark.model.weight_arrays import Dense, Matrix, NamedTensor, converted
+from kvpark.model.weight_arrays import Dense, NamedTensor, Single, converted
 
 Q = GGMLQuantizationType
 U8 = npt.NDArray[np.uint8]
@@ -73,11 +73,11 @@ def permuted_heads(arch: ModelArch, name: str) -> int:
     return 0
 
 
-def read_tensor(g: GgufFile, info: TensorInfo, *, blocks: bool = False) -> Matrix:
+def read_tensor(g: GgufFile, info: TensorInfo, *, blocks: bool = False) -> Single:
     """One tensor in torch layout (ggml's shape reversed), a fresh copy; its pages of the file
     are released after."""
     qtype, raw = g.raw(info)
-    value: Matrix
+    value: Single
     if blocks and len(info.shape) == 2 and qtype in KEPT_TYPES:
         shape = (info.shape[1], info.shape[0])
         make = (

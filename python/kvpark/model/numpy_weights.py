@@ -32,6 +32,7 @@ from kvpark.model.weight_arrays import (
     NamedTensor,
     NumpyLayer,
     NumpyWeights,
+    Stacked,
     Unfit,
 )
 from kvpark.model.weight_assembly import assemble_weights
@@ -70,11 +71,12 @@ def decoder_unfit(w: NumpyWeights) -> str | None:
     named: list[tuple[str, Matrix]] = [("the embedding", w.embed), ("the head", w.head)]
     for i, layer in enumerate(w.layers):
         named += [(f"layer {i}'s {attr}", m) for attr, m in layer.matrices.items()]
-    for what, m in named:
+    for what, matrix in named:
         if what in w.unfit_why:
             return w.unfit_why[what]
-        if not isinstance(m, Blocks) and (m.ndim != 2 or m.dtype.type not in DENSE_ARRAYS):
-            return f"{what} is a {m.dtype} array of shape {m.shape}, not a dense matrix it takes"
+        for m in matrix.parts if isinstance(matrix, Stacked) else (matrix,):
+            if not isinstance(m, Blocks) and (m.ndim != 2 or m.dtype.type not in DENSE_ARRAYS):
+                return f"{what} is a {m.dtype} array of shape {m.shape}, not a matrix it takes"
     return None
 
 

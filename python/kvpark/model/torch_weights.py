@@ -17,7 +17,7 @@ from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.llama import LlamaModel
 from kvpark.model.ops.block_weights import BlockWeight
 from kvpark.model.ops.rope import RopeTable
-from kvpark.model.weight_arrays import Dense, Matrix, NumpyWeights
+from kvpark.model.weight_arrays import Dense, Matrix, NumpyWeights, Stacked
 
 
 def torch_model(w: NumpyWeights[Matrix], dtype: torch.dtype, device: torch.device) -> LlamaModel:
@@ -60,7 +60,9 @@ def _put_matrix(module: nn.Module, attr: str, m: Matrix, device: torch.device, w
 
 
 def _dense(m: Matrix) -> Dense:
-    return m.dequantize() if isinstance(m, Blocks) else m
+    """A matrix's values as the torch model takes a dense one (a Stacked one's parts in
+    float32: torch multiplies one dtype per matrix)."""
+    return m.dequantize() if isinstance(m, Blocks | Stacked) else m
 
 
 def _put(param: nn.Parameter, a: Dense, what: str) -> None:

@@ -7,9 +7,14 @@ Q4_0, Q4_1, Q8_0, or Q4_K / Q5_K repacked; gguf_blocks.py, kquant_repack.py) or 
 float32 or float16, or bfloat16 as its uint16 bits (numpy has no bfloat16; no checkpoint holds
 uint16 weights, so the dtype says it).
 
-``NumpyWeights`` holds either. The Rust decoder of the lean runner multiplies both: blocks, and a
-dense matrix of values as the file stores them (F32, F16 or BF16; ``unfit_why`` names each matrix
-it cannot take and why, numpy_weights.decoder_unfit reports it).
+A fused matrix whose parts differ in kind (a Q4_K_M file's Q4_K attn_q and attn_k beside its
+Q6_K attn_v; F16 parts beside blocks) is ``Stacked``: the parts kept as they are, rows in order,
+never one float32 copy; the decoder multiplies each part in its own kind, the torch model takes
+their float32 values joined.
+
+``NumpyWeights`` holds any of these. The Rust decoder of the lean runner multiplies them all:
+blocks, and a dense matrix of values as the file stores them (F32, F16 or BF16; ``unfit_why``
+names each matrix it cannot take and why, numpy_weights.decoder_unfit reports it).
 """
 
 from __future__ import annotations
@@ -26,7 +31,36 @@ from kvpark.model.gguf_blocks import Blocks
 
 F32 = npt.NDArray[np.float32]
 Dense = npt.NDArray[Any]  # float32, float16, or uint16: bfloat16 bits
-Matrix = Blocks | Dense
+Single = Blocks | Dense  # one tensor of a file, as a reader gives it
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A fused matrix of parts of more than one kind: ``parts``' rows in order."""
+
+    parts: tuple[Single, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(int(p.shape[0]) for p in self.parts), int(self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.nbytes) for p in self.parts)
+
+    def dequantize(self) -> F32:
+        """Every part's values in float32 (each exactly: dequantised blocks, widened floats),
+        joined: what the torch model multiplies."""
+        out: F32 = np.concatenate(
+            [
+                p.dequantize() if isinstance(p, Blocks) else widened(p).astype(np.float32)
+                for p in self.parts
+            ]
+        )
+        return out
+
+
+Matrix = Blocks | Dense | Stacked
 M = TypeVar("M", bound=Matrix, default=Matrix)
 # the file formats (GGML type names, safetensors dtypes) the decoder multiplies as they are
 DENSE_FORMATS = ("F32", "F16", "BF16")
@@ -40,7 +74,7 @@ class NamedTensor:
     unpermuted) and its format in the file (a GGML type name, or a safetensors dtype)."""
 
     name: str
-    value: Matrix
+    value: Single
     fmt: str
 
 

@@ -4,12 +4,12 @@ gate/up; weight_names.py), vectors widened to float32, every shape checked again
 architecture. The one fusing code for the torch model and the lean runner.
 
 A fused matrix whose parts are all blocks of one kind stays blocks (``Blocks.cat``), and one
-whose parts are all dense of one dtype stays in it; one that mixes kinds is dequantised and
-widened whole to float32 (each part exactly), which the torch model takes and the decoder does
-not (Q4_K's q4 beside Q6_K's q6, say, as in a Q4_K_M file's layers whose attn_v is Q6_K: the
-decoder multiplies one kind per matrix). ``unfit_why`` records why for every matrix the decoder
-cannot multiply (that, or a tensor neither in blocks nor dense F32/F16/BF16, a Q3_K one say):
-what numpy_weights.decoder_unfit reports.
+whose parts are all dense of one dtype stays in it; one that mixes kinds (Q4_K's q4 beside
+Q6_K's q6, as in a Q4_K_M file's layers whose attn_v is Q6_K) is ``Stacked``, its parts kept as
+they are: the decoder multiplies each in its kind. Only a part neither in blocks nor dense
+F32/F16/BF16 (a Q3_K one, say) makes the matrix float32, for the torch model; ``unfit_why``
+records why for every matrix the decoder cannot multiply: what numpy_weights.decoder_unfit
+reports.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kvpark.model.weight_arrays import (
     NamedTensor,
     NumpyLayer,
     NumpyWeights,
+    Stacked,
     Unfit,
     widened,
 )
@@ -127,21 +128,20 @@ def not_runnable(t: NamedTensor) -> str:
 
 def fused(parts: list[NamedTensor]) -> tuple[Matrix, str | None]:
     """The parts' rows in order as one matrix, and why the decoder cannot multiply it (None
-    where it can: blocks of one kind, or dense values of one dtype)."""
+    where it can: every part blocks, or dense values as the file stores them)."""
     values = [p.value for p in parts]
+    if len(values) == 1:
+        return values[0], None if runnable(parts[0]) else not_runnable(parts[0])
     blocks = [v for v in values if isinstance(v, Blocks)]
-    why: str | None = None
-    if len(blocks) == len(values):
-        try:
-            return (values[0] if len(values) == 1 else Blocks.cat(blocks)), None
-        except ValueError as e:
-            why = str(e)
-    elif not all(runnable(p) for p in parts):
+    kinds = {v.kind if isinstance(v, Blocks) else v.dtype.str for v in values}
+    if all(runnable(p) for p in parts):
+        if len(blocks) == len(values) and len(kinds) == 1:
+            return Blocks.cat(blocks), None
+        if len(kinds) > 1:  # each part multiplied in its own kind
+            return Stacked(tuple(values)), None
+    why = None
+    if not all(runnable(p) for p in parts):
         why = not_runnable(next(p for p in parts if not runnable(p)))
-    elif blocks or len({p.fmt for p in parts}) > 1:
-        # one matrix multiplies one kind of value: this one would be a float32 copy of them all
-        kinds = ", ".join(f"{p.name} {p.fmt}" for p in parts)
-        why = f"its parts are of more than one kind ({kinds})"
     arrays: list[Dense] = [v.dequantize() if isinstance(v, Blocks) else v for v in values]
     if len(arrays) == 1:
         return arrays[0], why

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import kvpark._core as _core
 from kvpark.model.arch import ModelArch
 from kvpark.model.gguf_blocks import Blocks
+from kvpark.model.weight_arrays import Stacked
 from kvpark.runner.step_rows import plan_rows
 from kvpark.sched.plan import StepPlan
 
@@ -56,6 +57,8 @@ class Dense:
 
 
 Matrix = Blocks | Dense
+# a fused matrix as the decoder takes it: one matrix, or its parts of different kinds in row order
+Fused = Matrix | tuple[Matrix, ...]
 # a dense array's dtype -> its kind (numpy_weights' arrays: bfloat16 as its uint16 bits)
 _KIND_OF: dict[type[np.generic], DenseKind] = {
     np.float32: "f32",
@@ -64,12 +67,25 @@ _KIND_OF: dict[type[np.generic], DenseKind] = {
 }
 
 
-def decoder_matrix(m: Blocks | Array) -> Matrix:
+def decoder_matrix(m: Blocks | Stacked | Array) -> Fused:
     """A matrix of the model's weights (numpy_weights.py) as the decoder takes it: blocks as they
     are, a dense array as ``Dense`` of its kind, in its own dtype (a bf16 checkpoint stays 16
-    bits). A view the file's mapping left unaligned (safetensors packs tensors by bytes) is copied
-    to an aligned one: the decoder reads its values as typed slices. ValueError for any other
-    array (numpy_weights.decoder_unfit refuses those first)."""
+    bits), a Stacked one as its parts so. A view the file's mapping left unaligned (safetensors
+    packs tensors by bytes) is copied to an aligned one: the decoder reads its values as typed
+    slices. ValueError for any other array (numpy_weights.decoder_unfit refuses those first)."""
+    if isinstance(m, Stacked):
+        return tuple(one_matrix(p) for p in m.parts)
+    return one_matrix(m)
+
+
+def single(w: Fused) -> Matrix:
+    """A matrix that is one tensor of the file (O, down): never in parts."""
+    if isinstance(w, tuple):
+        raise ValueError("an unfused matrix in parts")
+    return w
+
+
+def one_matrix(m: Blocks | Array) -> Matrix:
     if isinstance(m, Blocks):
         return m
     kind = _KIND_OF.get(m.dtype.type)
@@ -83,10 +99,10 @@ class DecoderLayer:
     """One layer's arrays: vectors float32 (None where the model has none), K/V cells."""
 
     attn_norm: Array
-    qkv: Matrix
+    qkv: Fused
     o: Matrix
     mlp_norm: Array
-    gate_up: Matrix
+    gate_up: Fused
     down: Matrix
     k_cells: Array
     v_cells: Array
@@ -110,6 +126,10 @@ class DecoderInputs:
             raise ValueError(f"the decoder takes C-contiguous {np.dtype(dtype)}, not {a.dtype}")
         self.keep.append(a)
         return int(a.ctypes.data)
+
+    def parts(self, w: Fused) -> list[_Matrix]:
+        """A fused matrix as the decoder takes it: its parts (one, where it is of one kind)."""
+        return [self.matrix(p) for p in (w if isinstance(w, tuple) else (w,))]
 
     def matrix(self, w: Matrix) -> _Matrix:
         """A matrix as the decoder takes it: blocks by their arrays, a dense one by its values."""
@@ -155,14 +175,14 @@ def build_decoder(
     specs: list[_LayerSpec] = [
         {
             "attn_norm": inputs.addr(layer.attn_norm),
-            "qkv": inputs.matrix(layer.qkv),
+            "qkv": inputs.parts(layer.qkv),
             "qkv_bias": inputs.addr(layer.qkv_bias),
             "q_norm": inputs.addr(layer.q_norm),
             "k_norm": inputs.addr(layer.k_norm),
             "o": inputs.matrix(layer.o),
             "o_bias": inputs.addr(layer.o_bias),
             "mlp_norm": inputs.addr(layer.mlp_norm),
-            "gate_up": inputs.matrix(layer.gate_up),
+            "gate_up": inputs.parts(layer.gate_up),
             "down": inputs.matrix(layer.down),
             "k_cells": inputs.addr(layer.k_cells, cell),
             "v_cells": inputs.addr(layer.v_cells, cell),

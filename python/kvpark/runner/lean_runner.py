@@ -34,14 +34,18 @@ from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.numpy_weights import NumpyWeights, Unfit, fit_for_decoder, read_model
 from kvpark.model.rope_angles import rope_tables
 from kvpark.model.sources import default_model_path, return_freed_heap
+from kvpark.model.weight_arrays import Stacked
 from kvpark.runner.cpu_decoder import (
     DecoderInputs,
     DecoderLayer,
+    Fused,
     Matrix,
     build_decoder,
     decoder_matrix,
+    one_matrix,
     run_hidden,
     run_step,
+    single,
 )
 from kvpark.runner.cpu_paths import CpuPaths, exact_cpu_threads, resolve_cpu_paths
 from kvpark.runner.devices import device_kind
@@ -80,7 +84,12 @@ class LeanCpuRunner:
     ) -> None:
         self.model_config = model_config
         self.embed_matrix, self.head_matrix, self.matrices = decoder_matrices(weights)
-        kinds = {isinstance(m, Blocks) for layer in self.matrices for m in layer.values()}
+        kinds = {
+            isinstance(p, Blocks)
+            for layer in self.matrices
+            for m in layer.values()
+            for p in (m if isinstance(m, tuple) else (m,))
+        }
         kinds |= {isinstance(self.embed_matrix, Blocks), isinstance(self.head_matrix, Blocks)}
         # what /props shows: the weights this model holds (a safetensors model has no blocks)
         self.cpu_paths: CpuPaths = replace(
@@ -136,10 +145,10 @@ class LeanCpuRunner:
             DecoderLayer(
                 attn_norm=layer.vectors["attn_norm"],
                 qkv=matrices["qkv_w"],
-                o=matrices["o_w"],
+                o=single(matrices["o_w"]),
                 mlp_norm=layer.vectors["mlp_norm"],
                 gate_up=matrices["gate_up_w"],
-                down=matrices["down_w"],
+                down=single(matrices["down_w"]),
                 k_cells=k,
                 v_cells=v,
                 qkv_bias=layer.vectors.get("qkv_b"),
@@ -241,11 +250,13 @@ class LeanCpuRunner:
         return np.asarray(pooled / np.float32(max(norm, 1e-12)), dtype=np.float32)
 
 
-def decoder_matrices(w: NumpyWeights) -> tuple[Matrix, Matrix, list[dict[str, Matrix]]]:
+def decoder_matrices(w: NumpyWeights) -> tuple[Matrix, Matrix, list[dict[str, Fused]]]:
     """The embedding, the head and each layer's matrices as the decoder takes them
     (cpu_decoder.decoder_matrix), once for the runner's life; a tied head is the embedding's."""
-    embed = decoder_matrix(w.embed)
-    head = embed if w.head is w.embed else decoder_matrix(w.head)
+    if isinstance(w.embed, Stacked) or isinstance(w.head, Stacked):
+        raise ValueError("the embedding and the head are one tensor each, never fused")
+    embed = one_matrix(w.embed)
+    head = embed if w.head is w.embed else one_matrix(w.head)
     layers = [{a: decoder_matrix(m) for a, m in layer.matrices.items()} for layer in w.layers]
     return embed, head, layers
 

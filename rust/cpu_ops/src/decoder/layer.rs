@@ -26,6 +26,41 @@ pub(crate) fn matmul(
     }
 }
 
+/// `y = x @ W.T` for a fused matrix given as its parts (rows in order): one part straight into
+/// `y`; several each into `part`, then into its columns of every row of `y`. Each output value
+/// is its part's product, bit for bit: the split changes nothing but where it is written.
+fn matmul_parts(
+    dot: Dot,
+    x: &[f32],
+    rows: usize,
+    parts: &[Weights<'_>],
+    y: &mut [f32],
+    part: &mut Vec<f32>,
+    scratch: &mut I8Scratch,
+) -> Result<(), ShapeError> {
+    if let [one] = parts {
+        return matmul(dot, x, rows, *one, y, scratch);
+    }
+    let width: usize = parts.iter().map(|w| w.n()).sum();
+    if rows == 0 || y.len() != rows * width {
+        return Err(ShapeError(format!(
+            "{} outputs for {rows} rows of {width}",
+            y.len()
+        )));
+    }
+    let mut col = 0;
+    for w in parts {
+        let n = w.n();
+        let out = sized(part, rows * n);
+        matmul(dot, x, rows, *w, out, scratch)?;
+        for (r, src) in out.chunks_exact(n).enumerate() {
+            y[r * width + col..r * width + col + n].copy_from_slice(src);
+        }
+        col += n;
+    }
+    Ok(())
+}
+
 fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
     if let Some(b) = bias {
         for row in y.chunks_exact_mut(b.len()) {
@@ -97,7 +132,7 @@ pub(super) fn run(
     let h = sized(&mut ws.h, t * s.hidden);
     rms_norm(x, layer.attn_norm, s.eps, h)?;
     let qkv = sized(&mut ws.qkv, t * qkv_w);
-    matmul(model.dot, h, t, layer.qkv, qkv, &mut ws.i8)?;
+    matmul_parts(model.dot, h, t, layer.qkv, qkv, &mut ws.part, &mut ws.i8)?;
     add_bias(qkv, layer.qkv_bias);
     let q = sized(&mut ws.q, t * nq);
     let tmp = sized(&mut ws.tmp, nq.max(nkv));
@@ -147,7 +182,7 @@ pub(super) fn run(
     rms_norm(x, layer.mlp_norm, s.eps, h)?;
     let i = s.intermediate;
     let gu = sized(&mut ws.gate_up, t * 2 * i);
-    matmul(model.dot, h, t, layer.gate_up, gu, &mut ws.i8)?;
+    matmul_parts(model.dot, h, t, layer.gate_up, gu, &mut ws.part, &mut ws.i8)?;
     let act = sized(&mut ws.act, t * i);
     for (row, out) in gu.chunks_exact(2 * i).zip(act.chunks_exact_mut(i)) {
         let (gate, up) = row.split_at(i);

@@ -70,10 +70,13 @@ impl Shape {
 }
 
 /// One transformer layer's weights (Hugging Face's layout, Q/K/V and gate/up fused by rows).
+/// A fused matrix is its parts' rows in order: one part where they are of one kind, several
+/// where they are not (a Q4_K_M file's Q4_K attn_q and attn_k beside its Q6_K attn_v), each
+/// multiplied in its own kind into its columns of the output.
 #[derive(Clone, Copy)]
 pub struct Layer<'a> {
     pub attn_norm: &'a [f32],
-    pub qkv: Weights<'a>,
+    pub qkv: &'a [Weights<'a>],
     pub qkv_bias: Option<&'a [f32]>,
     /// Qwen3's per-head norms of q and k, before rope.
     pub q_norm: Option<&'a [f32]>,
@@ -81,7 +84,7 @@ pub struct Layer<'a> {
     pub o: Weights<'a>,
     pub o_bias: Option<&'a [f32]>,
     pub mlp_norm: &'a [f32],
-    pub gate_up: Weights<'a>,
+    pub gate_up: &'a [Weights<'a>],
     pub down: Weights<'a>,
     /// Gemma's norms of the attention's and the MLP's outputs, before each residual add.
     pub post_attn_norm: Option<&'a [f32]>,
@@ -159,6 +162,8 @@ pub struct Workspace {
     pub(crate) gate_up: Vec<f32>,
     pub(crate) act: Vec<f32>,
     pub(crate) tmp: Vec<f32>,
+    /// one part's product of a fused matrix of several parts
+    pub(crate) part: Vec<f32>,
     /// every row's attention entry over its whole context, and over its window's cells
     pub(crate) full: Entries,
     pub(crate) windowed: Entries,
