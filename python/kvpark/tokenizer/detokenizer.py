@@ -34,6 +34,12 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._ids = list(prompt_ids[-_CONTEXT:])
+        if self._ids and self._ids[-1] in tokenizer.added_ids:
+            # Text starts afresh after an added token (a chat's <|assistant|>): its first token
+            # is decoded as a text's first, so a SentencePiece ▁ there is no space. Phi-3's
+            # vocabulary puts that ▁ on every stretch of text between added tokens, and its
+            # answer decoded alone (transformers, SentencePiece) has no leading space either.
+            self._ids = []
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
 

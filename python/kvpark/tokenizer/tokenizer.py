@@ -1,10 +1,8 @@
 """Text <-> token ids (the ``tokenizers`` package) and chat templates (jinja2, rendered as HF does).
 
 A tokenizer comes from a ``tokenizer.json`` (``from_file``) or from a GGUF's vocabulary
-(``from_gguf_metadata``): byte-level BPE (``tokenizer.ggml.model == "gpt2"``) with the pre-tokenizer
-regex llama.cpp uses for the file's ``pre`` type, or a SentencePiece-style BPE (``"llama"``) with
-merges recovered from the scores. Control tokens become special tokens, so ``<|im_end|>`` in a text
-encodes as one token, as with Hugging Face's tokenizers.
+(``from_gguf_metadata``, built in gguf_vocab.py). Control tokens become special tokens, so
+``<|im_end|>`` in a text encodes as one token, as with Hugging Face's tokenizers.
 """
 
 from __future__ import annotations
@@ -18,26 +16,12 @@ from typing import Any
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
+from tokenizers import decoders
 
-# Tokens that end a turn in some model family; llama.cpp treats them as end-of-generation too.
-_EOT = "<|im_end|> <|eot_id|> <|eom_id|> <|endoftext|> <|end|> <end_of_turn> <|end_of_text|>"
-END_OF_TURN = (*_EOT.split(), "<｜end▁of▁sentence｜>")
-
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # digits one at a time
-# tokenizer.ggml.pre -> the splits llama.cpp applies, in order, before byte-level BPE.
-_PRE_SPLITS = {
-    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "smaug-bpe"), (_LLAMA3_SPLIT,)),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), (_QWEN2_SPLIT,)),
-    **dict.fromkeys(("smollm", "starcoder", "refact"), (r"\p{N}", _GPT2_SPLIT)),
-}
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+from kvpark.tokenizer.gguf_vocab import END_OF_TURN as END_OF_TURN
+from kvpark.tokenizer.gguf_vocab import TokenizerError as TokenizerError
+from kvpark.tokenizer.gguf_vocab import gguf_vocab
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -53,10 +37,6 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
-
-
-class TokenizerError(ValueError):
-    """A tokenizer description (GGUF metadata, tokenizer.json) that kvpark cannot build."""
 
 
 class Tokenizer:
@@ -78,6 +58,7 @@ class Tokenizer:
         eos = {self._id_of(self.special.get("eos_token")), *extra_eos_ids}
         eos.update(i for i, t in added.items() if t.special and t.content in END_OF_TURN)
         self.eos_ids: frozenset[int] = frozenset(i for i in eos if i is not None)
+        self.added_ids = frozenset(added)  # special or not: <|im_end|>, Gemma's "\n\n"
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         self._added = {i: t.content for i, t in added.items()}
 
@@ -89,8 +70,18 @@ class Tokenizer:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Special tokens written in the text (``<|im_start|>``) encode as themselves."""
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        """Special tokens written in the text (``<|im_start|>``) encode as themselves.
+
+        add_special_tokens adds what the model adds to a prompt (its BOS), but no second BOS to a
+        text that starts with one: a rendered chat template (Gemma's, Llama's write ``<bos>``)
+        sent as a completion prompt. llama.cpp drops a template's leading BOS for this reason;
+        two in a row are a prompt the model never saw in training."""
+        enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        ids = list(enc.ids)
+        mask = enc.special_tokens_mask  # 1 for what the post-processor added, 0 for the text's
+        if len(ids) > 1 and ids[0] == ids[1] == self.bos_id and mask[0] and not mask[1]:
+            del ids[0]
+        return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
@@ -153,71 +144,13 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, md: Mapping[str, Any]) -> Tokenizer:
-        kind = md.get("tokenizer.ggml.model")
-        tokens: list[str] = md.get("tokenizer.ggml.tokens") or []
-        types: list[int] = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        if not tokens:
-            raise TokenizerError("the GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-        scores = md.get("tokenizer.ggml.scores") or []
-        if len(types) != len(tokens) or len(scores) not in (0, len(tokens)):
-            raise TokenizerError("the GGUF's token types or scores do not match its vocabulary")
-        if kind == "gpt2":
-            backend = _byte_level_bpe(
-                tokens,
-                md.get("tokenizer.ggml.merges") or [],
-                md.get("tokenizer.ggml.pre", "default"),
-            )
-        elif kind == "llama":
-            backend = _sentencepiece_bpe(
-                tokens,
-                scores,
-                types,
-                md.get("tokenizer.ggml.add_space_prefix", True),
-            )
-        else:
-            raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (gpt2, llama)")
-        specials = [
-            AddedToken(t, special=True, normalized=False)
-            for t, ty in zip(tokens, types, strict=True)
-            if ty == _CONTROL
-        ]
-        backend.add_special_tokens(specials)
-        backend.add_tokens(
-            [
-                AddedToken(t, special=False, normalized=False)
-                for t, ty in zip(tokens, types, strict=True)
-                if ty == _USER_DEFINED
-            ]
-        )
-
-        def token(key: str) -> str | None:
-            i = md.get(f"tokenizer.ggml.{key}")
-            return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
-
-        special = {
-            "bos_token": token("bos_token_id"),
-            "eos_token": token("eos_token_id"),
-            "unk_token": token("unknown_token_id"),
-            "pad_token": token("padding_token_id"),
-        }
-        add_bos = md.get("tokenizer.ggml.add_bos_token", kind == "llama")
-        if add_bos and special["bos_token"] is not None:
-            bos = special["bos_token"]
-            backend.post_processor = processors.TemplateProcessing(
-                single=f"{bos} $A",
-                pair=f"{bos} $A {bos} $B",
-                special_tokens=[(bos, tokens.index(bos))],
-            )
-        extra = [
-            md[k]
-            for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-            if isinstance(md.get(k), int)
-        ]
+        """From a GGUF's metadata (gguf_vocab.py); TokenizerError if kvpark cannot build it."""
+        v = gguf_vocab(md)
         return cls(
-            backend,
-            special=special,
-            extra_eos_ids=extra,
-            chat_template=md.get("tokenizer.chat_template"),
+            v.backend,
+            special=v.special,
+            extra_eos_ids=v.extra_eos_ids,
+            chat_template=v.chat_template,
         )
 
 
@@ -236,52 +169,6 @@ def compile_chat_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ValueError(f"the chat template does not compile: line {exc.lineno}: {exc}") from exc
-
-
-def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> Backend:
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
-    backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
-    splits = _PRE_SPLITS.get(pre, (_GPT2_SPLIT,))  # gpt2, default
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    backend.decoder = decoders.ByteLevel()
-    return backend
-
-
-def _sentencepiece_bpe(
-    tokens: list[str], scores: list[float], types: list[int], add_space_prefix: bool
-) -> Backend:
-    """SentencePiece BPE as a tokenizers BPE: a merge's rank is the score of the token it makes."""
-    vocab = {t: i for i, t in enumerate(tokens)}
-    score = dict(zip(tokens, scores or [0.0] * len(tokens), strict=True))
-    merges: list[tuple[str, str, float]] = []
-    for t in tokens:
-        local = [(t[:i], t[i:]) for i in range(1, len(t)) if t[:i] in vocab and t[i:] in vocab]
-        local.sort(key=lambda p: (vocab[p[0]], vocab[p[1]]))
-        merges.extend((a, b, score[t]) for a, b in local)
-    merges.sort(key=lambda m: (-m[2], -len(m[0]), -len(m[1])))
-    unk = next((t for t, ty in zip(tokens, types, strict=True) if ty == 2), None)
-    backend = Backend(
-        models.BPE(
-            vocab=vocab,
-            merges=[(a, b) for a, b, _ in merges],
-            unk_token=unk,
-            fuse_unk=True,
-            byte_fallback=True,
-        )
-    )
-    scheme = "first" if add_space_prefix else "never"
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme=scheme, split=False
-    )
-    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if add_space_prefix:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))
-    backend.decoder = decoders.Sequence(steps)
-    return backend
 
 
 def _tojson(
