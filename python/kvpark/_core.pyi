@@ -479,6 +479,10 @@ class _Matrix(TypedDict):
     n: int
     k: int
 
+class _ExpertSpec(TypedDict):
+    gate_up: list[_Matrix]
+    down: _Matrix
+
 class _LayerSpec(TypedDict):
     attn_norm: int
     qkv: list[_Matrix]  # a fused matrix's parts, rows in order
@@ -488,8 +492,12 @@ class _LayerSpec(TypedDict):
     o: _Matrix
     o_bias: int
     mlp_norm: int
-    gate_up: list[_Matrix]
-    down: _Matrix
+    gate_up: list[_Matrix]  # a dense MLP's ([] in a mixture's layer)
+    down: _Matrix | None
+    router: _Matrix | None  # a mixture of experts' ([experts, hidden]), None for a dense MLP
+    experts: list[_ExpertSpec]
+    top_k: int
+    norm_topk: bool
     k_cells: int
     v_cells: int
     post_attn_norm: int

@@ -11,65 +11,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use kvpark_cpu_ops::decoder::{
-    self, Act, Dot, KvCells, Layer, Model, Out, Rope, Shape, Step, Workspace,
+    self, Act, Dot, Expert, KvCells, Layer, Mlp, Model, Moe, Out, Rope, Shape, Step, Workspace,
 };
-use kvpark_cpu_ops::{
-    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Scores, Weights, BLOCK, Q6_GROUP,
-};
+use kvpark_cpu_ops::Scores;
 
+use super::decoder_specs::{
+    check_matrix, check_parts, layer_parts, maybe, slice, weights, Features, LayerParts, LayerSpec,
+    Matrix,
+};
 use super::errors::cpu_ops_err;
-
-/// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
-/// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32) or '6' (Q6_K unpacked: qs [n, k]
-/// i8, scale [n, k/16] f32, offset 0) in blocks; or dense,
-/// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
-/// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
-#[derive(FromPyObject, Clone, Copy)]
-#[pyo3(from_item_all)]
-struct Matrix {
-    kind: char,
-    qs: usize,
-    scale: usize,
-    offset: usize,
-    n: usize,
-    k: usize,
-}
-
-/// One layer: addresses of f32 vectors (0 where the model has none) and its matrices; a fused
-/// one (qkv, gate_up) as its parts, rows in order (one part, or several of different kinds).
-#[derive(FromPyObject, Clone)]
-#[pyo3(from_item_all)]
-struct LayerSpec {
-    attn_norm: usize,
-    qkv: Vec<Matrix>,
-    qkv_bias: usize,
-    q_norm: usize,
-    k_norm: usize,
-    o: Matrix,
-    o_bias: usize,
-    mlp_norm: usize,
-    gate_up: Vec<Matrix>,
-    down: Matrix,
-    k_cells: usize,
-    v_cells: usize,
-    post_attn_norm: usize,
-    post_mlp_norm: usize,
-    sliding: bool,
-    rope: usize,
-}
-
-/// The architecture's switches (kvpark_cpu_ops::decoder::Shape): `act` 's' (silu) or 'g' (gelu_tanh);
-/// soft-caps 0 for none; `window` 0 where no layer slides.
-#[derive(FromPyObject, Clone, Copy)]
-#[pyo3(from_item_all)]
-struct Features {
-    act: char,
-    embed_scale: f32,
-    attn_scale: f32,
-    attn_softcap: f32,
-    final_softcap: f32,
-    window: usize,
-}
 
 #[derive(Clone, Copy)]
 enum KvDtype {
@@ -91,92 +41,6 @@ pub(super) struct PyCpuDecoder {
     kv_dtype: KvDtype,
     dot: Dot,
     workspace: Mutex<Workspace>,
-}
-
-/// # Safety
-/// `at` holds `len` live values of `T` (0 only with `len` 0 is never passed here).
-unsafe fn slice<'a, T>(at: usize, len: usize) -> &'a [T] {
-    std::slice::from_raw_parts(at as *const T, len)
-}
-
-/// # Safety
-/// As for [`slice`]; 0 means none.
-unsafe fn maybe<'a>(at: usize, len: usize) -> Option<&'a [f32]> {
-    (at != 0).then(|| slice(at, len))
-}
-
-/// # Safety
-/// The matrix's tensors are live, of the sizes its kind and shape say.
-unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
-    let blocks = m.n * m.k / BLOCK;
-    let dense = |values| {
-        Weights::Dense(DenseWeights {
-            values,
-            n: m.n,
-            k: m.k,
-        })
-    };
-    match m.kind {
-        'f' => dense(DenseValues::F32(slice(m.qs, m.n * m.k))),
-        'h' => dense(DenseValues::F16(slice(m.qs, m.n * m.k))),
-        'b' => dense(DenseValues::Bf16(slice(m.qs, m.n * m.k))),
-        '4' => Weights::Q4(Q4Weights {
-            qs: slice(m.qs, m.n * m.k / 2),
-            scale: slice(m.scale, blocks),
-            offset: slice(m.offset, blocks),
-            n: m.n,
-            k: m.k,
-        }),
-        '6' => Weights::Q6(Q6Weights {
-            qs: slice(m.qs, m.n * m.k),
-            scale: slice(m.scale, m.n * m.k / Q6_GROUP),
-            n: m.n,
-            k: m.k,
-        }),
-        _ => Weights::Q8(Q8Weights {
-            qs: slice(m.qs, m.n * m.k),
-            scale: slice(m.scale, blocks),
-            offset: maybe(m.offset, blocks),
-            n: m.n,
-            k: m.k,
-        }),
-    }
-}
-
-fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
-    let dense = matches!(m.kind, 'f' | 'h' | 'b');
-    let fits = m.n == n && m.k == k && k > 0 && m.qs != 0;
-    let kind = if dense {
-        m.scale == 0 && m.offset == 0
-    } else {
-        let offset = match m.kind {
-            '4' => m.offset != 0,
-            '6' => m.offset == 0,
-            _ => m.kind == '8',
-        };
-        k % BLOCK == 0 && m.scale != 0 && offset
-    };
-    if !fits || !kind {
-        return Err(PyValueError::new_err(format!(
-            "{name}: a kind {:?} [{}, {}] matrix where [{n}, {k}] is wanted",
-            m.kind, m.n, m.k
-        )));
-    }
-    Ok(())
-}
-
-/// A fused matrix's parts: each of `k` columns, `n` rows in all.
-fn check_parts(name: &str, parts: &[Matrix], n: usize, k: usize) -> PyResult<()> {
-    if parts.is_empty() || parts.iter().map(|m| m.n).sum::<usize>() != n {
-        return Err(PyValueError::new_err(format!(
-            "{name}: parts of {:?} rows where {n} are wanted",
-            parts.iter().map(|m| m.n).collect::<Vec<_>>()
-        )));
-    }
-    for (j, m) in parts.iter().enumerate() {
-        check_matrix(&format!("{name} part {j}"), m, m.n, k)?;
-    }
-    Ok(())
 }
 
 #[pymethods]
@@ -256,13 +120,42 @@ impl PyCpuDecoder {
         for (i, l) in layers.iter().enumerate() {
             check_parts(&format!("layer {i} qkv"), &l.qkv, qkv, hidden)?;
             check_matrix(&format!("layer {i} o"), &l.o, hidden, heads * head_dim)?;
-            check_parts(
-                &format!("layer {i} gate_up"),
-                &l.gate_up,
-                2 * intermediate,
-                hidden,
-            )?;
-            check_matrix(&format!("layer {i} down"), &l.down, hidden, intermediate)?;
+            match (&l.router, &l.down) {
+                (None, Some(down)) => {
+                    check_parts(
+                        &format!("layer {i} gate_up"),
+                        &l.gate_up,
+                        2 * intermediate,
+                        hidden,
+                    )?;
+                    check_matrix(&format!("layer {i} down"), down, hidden, intermediate)?;
+                }
+                (Some(router), None) => {
+                    let n = l.experts.len();
+                    check_matrix(&format!("layer {i} router"), router, n, hidden)?;
+                    if l.top_k == 0 || l.top_k > n {
+                        return Err(PyValueError::new_err(format!(
+                            "layer {i}: {} experts a row of {n}",
+                            l.top_k
+                        )));
+                    }
+                    for (e, x) in l.experts.iter().enumerate() {
+                        let w = x.down.k;
+                        check_parts(
+                            &format!("layer {i} expert {e} gate_up"),
+                            &x.gate_up,
+                            2 * w,
+                            hidden,
+                        )?;
+                        check_matrix(&format!("layer {i} expert {e} down"), &x.down, hidden, w)?;
+                    }
+                }
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "layer {i}: a dense MLP or a router, one of them"
+                    )))
+                }
+            }
             if l.attn_norm == 0 || l.mlp_norm == 0 || l.k_cells == 0 || l.v_cells == 0 {
                 return Err(PyValueError::new_err(format!(
                     "layer {i} lacks a norm or its K/V"
@@ -355,32 +248,48 @@ impl PyCpuDecoder {
         // SAFETY: the runner keeps every tensor behind these addresses alive and unmoved, with
         // the sizes checked in `new` and by the runner (module doc); `out` is a fresh buffer
         // of exactly this size, and nothing else touches the K/V pools during a step.
-        // SAFETY: as below: the parts' tensors are live and of their checked sizes.
-        let fused: Vec<(Vec<Weights<'_>>, Vec<Weights<'_>>)> = unsafe {
-            self.layers
-                .iter()
-                .map(|l| {
-                    let parts = |ms: &[Matrix]| ms.iter().map(|m| weights(m)).collect();
-                    (parts(&l.qkv), parts(&l.gate_up))
-                })
-                .collect()
-        };
+        let fused: Vec<LayerParts<'_>> = self
+            .layers
+            .iter()
+            .map(|l| unsafe { layer_parts(l) })
+            .collect();
+        let experts: Vec<Vec<Expert<'_>>> = fused
+            .iter()
+            .map(|p| {
+                p.expert_gate_up
+                    .iter()
+                    .zip(&p.expert_down)
+                    .map(|(gate_up, &down)| Expert { gate_up, down })
+                    .collect()
+            })
+            .collect();
         let (model, mut kv, out) = unsafe {
             let layers = self
                 .layers
                 .iter()
                 .zip(&fused)
-                .map(|(l, (qkv, gate_up))| Layer {
+                .zip(&experts)
+                .map(|((l, p), experts)| Layer {
                     attn_norm: slice(l.attn_norm, s.hidden),
-                    qkv,
-                    qkv_bias: maybe(l.qkv_bias, qkv.iter().map(|w| w.n()).sum()),
+                    qkv: &p.qkv,
+                    qkv_bias: maybe(l.qkv_bias, p.qkv.iter().map(|w| w.n()).sum()),
                     q_norm: maybe(l.q_norm, d),
                     k_norm: maybe(l.k_norm, d),
                     o: weights(&l.o),
                     o_bias: maybe(l.o_bias, s.hidden),
                     mlp_norm: slice(l.mlp_norm, s.hidden),
-                    gate_up,
-                    down: weights(&l.down),
+                    mlp: match (p.router, p.down) {
+                        (Some(router), _) => Mlp::Experts(Moe {
+                            router,
+                            experts,
+                            top_k: l.top_k,
+                            norm_topk: l.norm_topk,
+                        }),
+                        (None, down) => Mlp::Dense {
+                            gate_up: &p.gate_up,
+                            down: down.expect("checked in new: a dense MLP has its down"),
+                        },
+                    },
                     post_attn_norm: maybe(l.post_attn_norm, s.hidden),
                     post_mlp_norm: maybe(l.post_mlp_norm, s.hidden),
                     sliding: l.sliding,

@@ -2,7 +2,7 @@
 //!
 //! A thin wrapper, one file per wrapped type: [`pool`] (`KvPool`), [`planner`] (`RequestView`,
 //! `Action`, `Planner`, `round_up_buffer`), [`cpu`] (the private CPU kernels), [`decoder`] (the
-//! private whole-step CPU decoder) and [`errors`]
+//! private whole-step CPU decoder; the values it is built from in [`decoder_specs`]) and [`errors`]
 //! (exceptions). Each method converts plain Python values (ints, lists of ints, short strings)
 //! and calls the same-named [`KvPool`](crate::KvPool) or planner function. Errors become Python
 //! exceptions in one place, the `From<KvError> for PyErr` impl in [`errors`]. The stub
@@ -10,6 +10,7 @@
 
 mod cpu;
 mod decoder;
+mod decoder_specs;
 mod errors;
 mod planner;
 mod pool;

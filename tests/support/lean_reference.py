@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
+from kvpark.model.arch import ModelArch
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.numpy_weights import NumpyWeights
 from kvpark.model.rope_angles import rope_tables
@@ -58,7 +59,9 @@ def exact(m: Matrix) -> F64:
     return m.astype(np.float64)
 
 
-def reference(w: NumpyWeights, tokens: list[int]) -> tuple[F64, F64]:
+def reference(
+    w: NumpyWeights, tokens: list[int], routed: set[int] | None = None
+) -> tuple[F64, F64]:
     """Every row's final-norm hidden state and logits, in float64, over the runner's rope
     tables (float32, widened)."""
     a = w.arch
@@ -101,16 +104,41 @@ def reference(w: NumpyWeights, tokens: list[int]) -> tuple[F64, F64]:
         att = np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), v).reshape(t, nq)
         out = att @ mat["o_w"].T + vec.get("o_b", 0.0)
         x = x + (rms(out, vec["post_attn_norm"]) if a.sandwich_norms else out)
-        gu = rms(x, vec["mlp_norm"]) @ mat["gate_up_w"].T
-        gate, up = gu[:, : a.intermediate_size], gu[:, a.intermediate_size :]
-        if a.activation == "gelu_tanh":
-            act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
-        else:
-            act = gate / (1 + np.exp(-gate))
-        out = (act * up) @ mat["down_w"].T
+        h = rms(x, vec["mlp_norm"])
+        out = moe(a, h, mat, routed) if a.is_moe(i) else mlp(a, h, mat["gate_up_w"], mat["down_w"])
         x = x + (rms(out, vec["post_mlp_norm"]) if a.sandwich_norms else out)
     hidden = rms(x, w.norm)
     return hidden, cap(hidden @ exact(w.head).T, a.final_softcap)
+
+
+def mlp(a: ModelArch, h: F64, gate_up: F64, down: F64) -> F64:
+    gu = h @ gate_up.T
+    width = gu.shape[1] // 2
+    gate, up = gu[:, :width], gu[:, width:]
+    if a.activation == "gelu_tanh":
+        act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
+    else:
+        act = gate / (1 + np.exp(-gate))
+    out: F64 = (act * up) @ down.T
+    return out
+
+
+def moe(a: ModelArch, h: F64, mat: dict[str, F64], routed: set[int] | None) -> F64:
+    """The mixture: each row's top experts by its router logits, their softmax weights
+    (renormalised where ``norm_topk``), their MLPs summed; ``routed`` gets the experts picked."""
+    logits = h @ mat["router_w"].T
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for r in range(h.shape[0]):
+        picked = np.argsort(-logits[r], kind="stable")[: a.experts_per_token]
+        w = p[r, picked] / (p[r, picked].sum() if a.norm_topk else 1.0)
+        if routed is not None:
+            routed |= {int(e) for e in picked}
+        for e, weight in zip(picked, w, strict=True):
+            gate_up, down = mat[f"expert.{e}.gate_up_w"], mat[f"expert.{e}.down_w"]
+            out[r] += weight * mlp(a, h[r : r + 1], gate_up, down)[0]
+    return out
 
 
 def budget(w: NumpyWeights, context: int) -> float:
@@ -119,6 +147,7 @@ def budget(w: NumpyWeights, context: int) -> float:
     k = max(a.hidden_size, a.intermediate_size, a.n_heads * a.head_dim, context)
     # Gemma's extra roundings a layer: two norms, two adds, the soft-cap's divide, tanh, product
     ops = OPS_PER_LAYER + (7 if a.sandwich_norms else 0)
+    ops += 2 * a.experts_per_token + 4 if a.n_experts else 0  # the router, weights, the sum
     return (ops * a.n_layers + 2 + (2 if a.final_softcap else 0)) * gamma(k)
 
 

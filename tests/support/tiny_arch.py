@@ -77,6 +77,17 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
         ),
     ),
     "mistral": ("MistralConfig", dict(num_hidden_layers=2, sliding_window=WINDOW)),
+    "qwen3moe": (
+        "Qwen3MoeConfig",
+        dict(
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            norm_topk_prob=True,
+            sliding_window=None,
+        ),
+    ),
 }
 
 
@@ -103,7 +114,13 @@ def save_arch(kind: str, tokenizer: Tokenizer, root: Path, **overrides: Any) -> 
 
 
 # ---------------------------------------------------------------- as llama.cpp writes GGUF
-_ARCH = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "mistral": "llama"}
+_ARCH = {
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+    "mistral": "llama",
+    "qwen3moe": "qwen3moe",
+}
 _NAMES = {
     "input_layernorm": "attn_norm",
     "self_attn.q_proj": "attn_q",
@@ -117,7 +134,11 @@ _NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.gate_up_proj": "ffn_up",  # Phi-3: gate and up in one tensor
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
     "pre_feedforward_layernorm": "ffn_norm",
+    "mlp.gate_exps": "ffn_gate_exps",
+    "mlp.up_exps": "ffn_up_exps",
+    "mlp.down_exps": "ffn_down_exps",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 
@@ -179,7 +200,8 @@ def write_gguf(
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_sliding_window(WINDOW)
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
     rope = cfg.rope_parameters
     if kind == "gemma2":
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
@@ -200,8 +222,13 @@ def write_gguf(
             w.add_tensor(
                 f"rope_factors_{which}.weight", np.array(rope[f"{which}_factor"], np.float32)
             )
+    if kind == "qwen3moe":
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     tied = getattr(cfg, "tie_word_embeddings", False)
-    for name, p in model.state_dict().items():
+    state = _experts_stacked(model.state_dict()) if kind == "qwen3moe" else model.state_dict()
+    for name, p in state.items():
         if name == "lm_head.weight" and tied:
             continue
         x = p.detach().float().numpy()
@@ -211,15 +238,33 @@ def write_gguf(
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             x = _permute(x, heads)
         gname = _gguf_name(kind, name)
-        if x.ndim == 1 or qtype == Q.F32:
-            w.add_tensor(gname, x)
+        if x.ndim == 1 or qtype == Q.F32 or name.endswith("mlp.gate.weight"):
+            w.add_tensor(gname, x)  # vectors and the router stay F32, as llama.cpp keeps them
         elif qtype == Q.F16:
             w.add_tensor(gname, x.astype(np.float16))
         elif qtype == Q.Q4_K:
-            w.add_tensor(gname, kquants.quantize(x, qtype), raw_dtype=qtype)
+            packed = kquants.quantize(x.reshape(-1, x.shape[-1]), qtype)
+            w.add_tensor(gname, packed.reshape(*x.shape[:-1], -1), raw_dtype=qtype)
         else:
             w.add_tensor(gname, quants.quantize(x, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _experts_stacked(state: dict[str, Any]) -> dict[str, Any]:
+    """transformers' fused expert tensors (gate_up_proj [experts, 2 * width, hidden], gate
+    first; down_proj [experts, hidden, width]) as llama.cpp's one 3-D tensor per layer and
+    kind, under the names ``_gguf_name`` maps to ``ffn_*_exps``."""
+    out: dict[str, Any] = {}
+    for name, p in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            layer = name.removesuffix(".experts.gate_up_proj")
+            gate, up = p.chunk(2, dim=1)
+            out[f"{layer}.gate_exps.weight"], out[f"{layer}.up_exps.weight"] = gate, up
+        elif name.endswith("mlp.experts.down_proj"):
+            out[name.removesuffix(".experts.down_proj") + ".down_exps.weight"] = p
+        else:
+            out[name] = p
+    return out

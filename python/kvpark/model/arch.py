@@ -12,6 +12,9 @@ with some of these switches set, so both runners have one forward pass:
 - Gemma, Phi-3 and Mistral attend over a sliding window of ``sliding_window`` positions in the
   layers ``sliding_layers`` marks (every layer for Mistral and Phi-3, alternate ones for Gemma 2,
   five of six for Gemma 3), and Gemma 3's sliding layers turn with their own rope base;
+- Qwen3-MoE's MLP is a mixture of ``n_experts`` (each a SwiGLU of ``expert_size``), a router
+  picking ``experts_per_token`` of them for each row, their outputs summed by the router's
+  softmax weights (renormalised over the picked ones where ``norm_topk``), in ``moe_layers``;
 - Phi-3 scales rope by LongRoPE (``RopeScaling("longrope")``: per-frequency factors and a cos/sin
   multiplier).
 """
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe")
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
@@ -76,6 +79,11 @@ class ModelArch:
     sliding_window: int | None = None  # positions a sliding layer's row attends to, itself included
     sliding_layers: tuple[bool, ...] = ()  # per layer: whether it slides (empty: none does)
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' rope base, unscaled
+    n_experts: int = 0  # a mixture of experts' MLP (0: every MLP is dense)
+    experts_per_token: int = 0
+    expert_size: int = 0  # each expert's intermediate width
+    norm_topk: bool = True  # renormalise the picked experts' weights to sum to 1
+    moe_layers: tuple[bool, ...] = ()  # per layer: whether its MLP is the mixture
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -96,6 +104,11 @@ class ModelArch:
             )
         if any(self.sliding_layers) and not (self.sliding_window and self.sliding_window > 0):
             raise ModelLoadError("sliding-window layers without a window size")
+        if any(self.moe_layers) and not 0 < self.experts_per_token <= self.n_experts:
+            raise ModelLoadError(f"{self.experts_per_token} experts a token of {self.n_experts}")
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None where it attends to its whole context."""

@@ -46,7 +46,7 @@ def arch_from_gguf(g: GgufFile) -> ModelArch:
         n_heads=n_heads,
         n_kv_heads=int(key("attention.head_count_kv", n_heads)),
         head_dim=head_dim,
-        intermediate_size=int(key("feed_forward_length")),
+        intermediate_size=int(md.get(f"{arch}.feed_forward_length") or 0),
         vocab_size=embed.shape[1],
         rope_theta=float(key("rope.freq_base", 1e6 if arch == "gemma3" else 10000.0)),
         rms_eps=float(key("attention.layer_norm_rms_epsilon")),
@@ -65,6 +65,21 @@ def arch_from_gguf(g: GgufFile) -> ModelArch:
         sliding_window=window,
         sliding_layers=sliding,
         local_rope_theta=10000.0 if arch == "gemma3" else None,
+        **_experts(md, arch, n_layers),
+    )
+
+
+def _experts(md: dict[str, Any], arch: str, n_layers: int) -> dict[str, Any]:
+    """A mixture of experts' sizes (every layer's MLP is one in llama.cpp's qwen3moe)."""
+    n = int(md.get(f"{arch}.expert_count") or 0)
+    if n == 0:
+        return {}
+    return dict(
+        n_experts=n,
+        experts_per_token=int(md[f"{arch}.expert_used_count"]),
+        expert_size=int(md[f"{arch}.expert_feed_forward_length"]),
+        norm_topk=bool(md.get(f"{arch}.expert_weights_norm", True)),
+        moe_layers=(True,) * n_layers,
     )
 
 

@@ -174,6 +174,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
 }
 # Gemma's names (its HF post_attention_layernorm norms the attention's output), Phi-3's fused
 # gate/up in ffn_up

@@ -16,6 +16,7 @@ Face checkpoints.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -51,6 +52,9 @@ def iter_tensors(
     for info in g.tensors:
         if info.name in SKIPPED:
             continue
+        if _EXPERTS.fullmatch(info.name):
+            yield from expert_tensors(g, info, blocks=blocks, dense_dtype=dense_dtype)
+            continue
         name = hf_name(info.name, arch.arch)
         value = read_tensor(g, info, blocks=blocks)
         if not isinstance(value, Blocks):
@@ -60,6 +64,41 @@ def iter_tensors(
             index = unpermute_rows(value.shape[0], heads)
             value = value.rows(index) if isinstance(value, Blocks) else value[index]
         yield NamedTensor(name, value, Q(info.qtype).name)
+
+
+# a mixture of experts' matrices, all experts in one 3-D tensor [experts, out, in]
+_EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
+
+
+def expert_tensors(
+    g: GgufFile, info: TensorInfo, *, blocks: bool, dense_dtype: str | None
+) -> Iterator[NamedTensor]:
+    """A 3-D experts tensor as each expert's matrix, under Hugging Face's per-expert names:
+    read as one [experts * out, in] matrix (its bytes are that), then cut by rows; each expert's
+    matrix is a view of the one read (blocks keep their rows whole)."""
+    m = _EXPERTS.fullmatch(info.name)
+    assert m is not None and len(info.shape) == 3
+    cols, rows, n = info.shape
+    flat = read_tensor(
+        g, TensorInfo(info.name, (cols, rows * n), info.qtype, info.offset), blocks=blocks
+    )
+    if not isinstance(flat, Blocks):
+        flat = converted(flat, dense_dtype)
+    layer, which = m.group(1), m.group(2)
+    for e in range(n):
+        part: Single
+        if isinstance(flat, Blocks):
+            offset = None if flat.offset is None else flat.offset[e * rows : (e + 1) * rows]
+            part = Blocks(
+                flat.kind,
+                flat.qs[e * rows : (e + 1) * rows],
+                flat.scale[e * rows : (e + 1) * rows],
+                offset,
+            )
+        else:
+            part = flat[e * rows : (e + 1) * rows]
+        name = f"model.layers.{layer}.mlp.experts.{e}.{which}_proj.weight"
+        yield NamedTensor(name, part, Q(info.qtype).name)
 
 
 def permuted_heads(arch: ModelArch, name: str) -> int:

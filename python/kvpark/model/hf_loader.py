@@ -29,6 +29,7 @@ _MODEL_TYPES = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "phi3": "phi3",
+    "qwen3_moe": "qwen3moe",
 }
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 GEMMA = ("gemma2", "gemma3")
@@ -75,6 +76,12 @@ def arch_from_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelArch:
     window, sliding = _sliding(cfg, n_layers, max_position)
     attention_bias = bool(cfg.get("attention_bias", False))
     gemma = arch in GEMMA
+    n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    n_experts = n_experts if arch == "qwen3moe" else 0
+    step, dense_only = int(cfg.get("decoder_sparse_step") or 1), cfg.get("mlp_only_layers") or []
+    moe = tuple(
+        n_experts > 0 and i not in dense_only and (i + 1) % step == 0 for i in range(n_layers)
+    )
     return ModelArch(
         arch=arch,
         n_layers=n_layers,
@@ -90,7 +97,7 @@ def arch_from_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelArch:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", gemma)) or not has_lm_head,
         qkv_bias=arch == "qwen2" or attention_bias,
         o_bias=arch != "qwen2" and attention_bias,
-        qk_norm=arch in ("qwen3", "gemma3"),
+        qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
         rope_scaling=_rope_scaling(global_rope, cfg),
         activation=act,
         embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
@@ -105,6 +112,11 @@ def arch_from_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelArch:
             if local_rope is not None
             else None
         ),
+        n_experts=n_experts,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if n_experts else 0,
+        expert_size=int(cfg.get("moe_intermediate_size") or 0) if n_experts else 0,
+        norm_topk=bool(cfg.get("norm_topk_prob", True)),
+        moe_layers=moe if any(moe) else (),
     )
 
 

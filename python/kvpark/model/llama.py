@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpark.model.arch import ModelArch
+from kvpark.model.moe import Experts
 from kvpark.model.ops import BlockWeight, KVCache, OpSet, Weight
 from kvpark.model.ops import masked_attention as masked
 from kvpark.model.ops.metadata import AttentionMetadata
@@ -35,7 +36,9 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 class Block(nn.Module):
     """One transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, arch: ModelArch, dtype: torch.dtype, device: torch.device, moe: bool = False
+    ) -> None:
         super().__init__()
         a, hidden, d = arch, arch.hidden_size, arch.head_dim
         self.arch = arch
@@ -48,9 +51,11 @@ class Block(nn.Module):
         self.q_norm = _param((d,), dtype, device) if a.qk_norm else None
         self.k_norm = _param((d,), dtype, device) if a.qk_norm else None
         self.mlp_norm = _param((hidden,), dtype, device)
-        gate_up = (2 * a.intermediate_size, hidden)  # rows: gate, up
-        self.gate_up_w: Weight = _param(gate_up, dtype, device)
-        self.down_w: Weight = _param((hidden, a.intermediate_size), dtype, device)
+        # a dense MLP, or a mixture of experts (moe.py) in its place
+        self.moe = Experts(a, dtype, device) if moe else None
+        width = 0 if moe else a.intermediate_size
+        self.gate_up_w: Weight = _param((2 * width, hidden), dtype, device)  # rows: gate, up
+        self.down_w: Weight = _param((hidden, width), dtype, device)
         # Gemma: norms of the attention's and the MLP's outputs, before each residual add
         self.post_attn_norm = _param((hidden,), dtype, device) if a.sandwich_norms else None
         self.post_mlp_norm = _param((hidden,), dtype, device) if a.sandwich_norms else None
@@ -89,10 +94,13 @@ class Block(nn.Module):
             out = ops.rms_norm(out, self.post_attn_norm, a.rms_eps)
         x = x + out
         h = ops.rms_norm(x, self.mlp_norm, a.rms_eps)
-        gate_up = ops.linear(h, self.gate_up_w, None)  # [T, 2 * intermediate]
-        gate, up = gate_up.chunk(2, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if a.activation == "gelu_tanh" else F.silu(gate)
-        out = ops.linear(act.mul_(up), self.down_w, None)
+        if self.moe is not None:
+            out = self.moe(h, ops)
+        else:
+            gate_up = ops.linear(h, self.gate_up_w, None)  # [T, 2 * intermediate]
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.gelu(gate, approximate="tanh") if a.activation == "gelu_tanh" else F.silu(gate)
+            out = ops.linear(act.mul_(up), self.down_w, None)
         if self.post_mlp_norm is not None:
             out = ops.rms_norm(out, self.post_mlp_norm, a.rms_eps)
         return x + out
@@ -104,7 +112,9 @@ class LlamaModel(nn.Module):
         self.arch = arch
         self.dtype = dtype
         self.embed = _param((arch.vocab_size, arch.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(Block(arch, dtype, device) for _ in range(arch.n_layers))
+        self.layers = nn.ModuleList(
+            Block(arch, dtype, device, arch.is_moe(i)) for i in range(arch.n_layers)
+        )
         self.norm = _param((arch.hidden_size,), dtype, device)
         self.lm_head: Weight = (
             self.embed if arch.tie_embeddings else _param(self.embed.shape, dtype, device)
@@ -119,9 +129,7 @@ class LlamaModel(nn.Module):
         """Multiply every block matrix through int8 activations or float32 ones
         (``--block-dot``, BlockWeight.int8)."""
         tied = self.embed_blocks is not None and self.embed_blocks is self.lm_head
-        for module, attr in [(layer, a) for layer in self.layers for a in _MATRICES] + [
-            (self, "lm_head")
-        ]:
+        for module, attr in [*self.matrix_slots(), (self, "lm_head")]:
             weight = getattr(module, attr)
             if isinstance(weight, BlockWeight):
                 object.__setattr__(module, attr, replace(weight, int8=int8))
@@ -131,11 +139,20 @@ class LlamaModel(nn.Module):
     def add_dense_copies(self, dtype: torch.dtype) -> None:
         """Give every layer's block matrix a dense copy in ``dtype``, for prompt chunks
         (``--prompt-path``); the head stays blocks alone (it sees only the sampled rows)."""
+        for module, attr in self.matrix_slots():
+            weight = getattr(module, attr)
+            if isinstance(weight, BlockWeight):
+                object.__setattr__(module, attr, weight.with_dense(dtype))
+
+    def matrix_slots(self) -> list[tuple[nn.Module, str]]:
+        """Every layer's matrix slots (module, attribute), a mixture's experts' included."""
+        out: list[tuple[nn.Module, str]] = []
         for layer in self.layers:
-            for attr in _MATRICES:
-                weight = getattr(layer, attr)
-                if isinstance(weight, BlockWeight):
-                    object.__setattr__(layer, attr, weight.with_dense(dtype))
+            out += [(layer, a) for a in _MATRICES]
+            moe = layer.moe
+            if isinstance(moe, Experts):
+                out += list(moe.matrices())
+        return out
 
     def embed_rows(self, token_ids: Tensor) -> Tensor:
         """The embeddings of ``token_ids`` [T] -> [T, hidden] in the model's dtype."""

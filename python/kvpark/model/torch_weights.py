@@ -14,7 +14,7 @@ from torch import nn
 
 from kvpark.model.arch import ModelLoadError
 from kvpark.model.gguf_blocks import Blocks
-from kvpark.model.llama import LlamaModel
+from kvpark.model.llama import Block, LlamaModel
 from kvpark.model.ops.block_weights import BlockWeight
 from kvpark.model.ops.rope import RopeTable
 from kvpark.model.weight_arrays import Dense, Matrix, NumpyWeights, Stacked
@@ -28,7 +28,9 @@ def torch_model(w: NumpyWeights[Matrix], dtype: torch.dtype, device: torch.devic
         for attr, vector in layer.vectors.items():
             _put(getattr(module, attr), vector, f"layer {i}'s {attr}")
         for attr, matrix in layer.matrices.items():
-            _put_matrix(module, attr, matrix, device, f"layer {i}'s {attr}")
+            assert isinstance(module, Block)
+            owner, name = _slot(module, attr)
+            _put_matrix(owner, name, matrix, device, f"layer {i}'s {attr}")
     _put(model.norm, w.norm, "the output norm")
     if w.rope_freqs is not None:  # a GGUF's llama3 rope scaling, as per-frequency divisors
         model.ropes = RopeTable.build_all(arch, w.rope_freqs, device)
@@ -44,6 +46,19 @@ def torch_model(w: NumpyWeights[Matrix], dtype: torch.dtype, device: torch.devic
     if not arch.tie_embeddings:
         _put_matrix(model, "lm_head", w.head, device, "the head")
     return model
+
+
+def _slot(block: Block, attr: str) -> tuple[nn.Module, str]:
+    """Where a layer's matrix goes: the block, its mixture (router_w), or one of its experts
+    (``expert.E.gate_up_w``)."""
+    moe = block.moe
+    if moe is not None and attr == "router_w":
+        return moe, attr
+    if moe is not None and attr.startswith("expert."):
+        _, e, name = attr.split(".")
+        expert: nn.Module = moe.experts[int(e)]
+        return expert, name
+    return block, attr
 
 
 def use_blocks(module: nn.Module, attr: str, weight: BlockWeight) -> None:

@@ -33,7 +33,7 @@ from kvpark.model.weight_arrays import (
     Unfit,
     widened,
 )
-from kvpark.model.weight_names import LAYER_RE, MATRICES, WHOLE, layer_names
+from kvpark.model.weight_names import LAYER_RE, WHOLE, expert_attr, layer_entry, layer_matrices
 
 # gguf_tensors.KEPT_TYPES, as a message says them
 KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K"
@@ -50,7 +50,7 @@ def assemble_weights(
     layers: list[NumpyLayer[Matrix]] = [NumpyLayer() for _ in range(arch.n_layers)]
     found: dict[str, NamedTensor] = {}
     norm = rope_freqs = None
-    names = layer_names(arch.arch)
+    wanted = [layer_matrices(arch.n_experts, arch.is_moe(i)) for i in range(arch.n_layers)]
     for t in tensors:
         name = t.name
         if name.endswith("rotary_emb.inv_freq"):  # a stale rope buffer of old checkpoints
@@ -69,10 +69,11 @@ def assemble_weights(
             rope_freqs = vector(t)
             continue
         m = LAYER_RE.fullmatch(name)
-        if m is None or int(m.group(1)) >= arch.n_layers or m.group(2) not in names:
+        entry = None if m is None else layer_entry(arch.arch, m.group(2))
+        if m is None or entry is None or int(m.group(1)) >= arch.n_layers:
             raise ModelLoadError(f"unexpected tensor {name!r} for a {arch.arch} model")
-        i, (attr, part) = int(m.group(1)), names[m.group(2)]
-        if attr in MATRICES:
+        i, (attr, part) = int(m.group(1)), entry
+        if attr in wanted[i] or attr.startswith("expert.") or attr == "router_w":
             if strict and not runnable(t):
                 raise Unfit(not_runnable(t))
             layer_parts[i].setdefault(attr, {})[part or 0] = t
@@ -91,7 +92,10 @@ def assemble_weights(
         if matrix is not None and not runnable(matrix):
             unfit_why[what] = not_runnable(matrix)
     for i, layer in enumerate(layers):
-        for attr, n_parts in MATRICES.items():
+        if set(layer_parts[i]) - set(wanted[i]):
+            extra = sorted(set(layer_parts[i]) - set(wanted[i]))[:3]
+            raise ModelLoadError(f"{where}: layer {i} has unexpected matrices {extra}")
+        for attr, n_parts in wanted[i].items():
             got = layer_parts[i].get(attr, {})
             if list(got) == [WHOLE]:  # stored fused (Phi-3)
                 got, n_parts = {0: got[WHOLE]}, 1
@@ -161,19 +165,23 @@ def vector(t: NamedTensor) -> F32:
 def check_shapes(w: NumpyWeights[Matrix]) -> None:
     """The decoder reads raw memory: every array must be the size the architecture says."""
     a, hidden = w.arch, w.arch.hidden_size
-    want = {
+    dense = {
         "qkv_w": (a.qkv_size, hidden),
         "o_w": (hidden, a.n_heads * a.head_dim),
         "gate_up_w": (2 * a.intermediate_size, hidden),
         "down_w": (hidden, a.intermediate_size),
     }
+    moe = {"qkv_w": dense["qkv_w"], "o_w": dense["o_w"], "router_w": (a.n_experts, hidden)}
+    for e in range(a.n_experts):
+        moe[expert_attr(e, "gate_up_w")] = (2 * a.expert_size, hidden)
+        moe[expert_attr(e, "down_w")] = (hidden, a.expert_size)
     vectors = {"attn_norm": hidden, "mlp_norm": hidden}
     vectors |= {"qkv_b": a.qkv_size} if a.qkv_bias else {}
     vectors |= {"o_b": hidden} if a.o_bias else {}
     vectors |= {"q_norm": a.head_dim, "k_norm": a.head_dim} if a.qk_norm else {}
     vectors |= {"post_attn_norm": hidden, "post_mlp_norm": hidden} if a.sandwich_norms else {}
     for i, layer in enumerate(w.layers):
-        for attr, shape in want.items():
+        for attr, shape in (moe if a.is_moe(i) else dense).items():
             got = tuple(layer.matrices[attr].shape)
             if got != shape:
                 raise ModelLoadError(f"layer {i}'s {attr} is {got}, expected {shape}")

@@ -31,6 +31,7 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": ("gate_up_w", 0),
     "mlp.up_proj.weight": ("gate_up_w", 1),
     "mlp.down_proj.weight": ("down_w", None),
+    "mlp.gate.weight": ("router_w", None),  # a mixture of experts' router
 }
 
 _GEMMA = {
@@ -51,3 +52,32 @@ def layer_names(arch: str) -> dict[str, tuple[str, int | None]]:
     if arch == "phi3":
         return LAYER_NAMES | _PHI3
     return LAYER_NAMES
+
+
+EXPERT_RE = re.compile(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+_EXPERT_PART = {"gate": ("gate_up_w", 0), "up": ("gate_up_w", 1), "down": ("down_w", None)}
+
+
+def expert_attr(expert: int, attr: str) -> str:
+    """The layer's matrix name of expert ``expert``'s ``attr`` (gate_up_w, down_w)."""
+    return f"expert.{expert}.{attr}"
+
+
+def layer_entry(arch: str, rest: str) -> tuple[str, int | None] | None:
+    """Where a layer's tensor named ``rest`` (the part after ``model.layers.N.``) goes, or None."""
+    m = EXPERT_RE.fullmatch(rest)
+    if m is not None:
+        attr, part = _EXPERT_PART[m.group(2)]
+        return expert_attr(int(m.group(1)), attr), part
+    return layer_names(arch).get(rest)
+
+
+def layer_matrices(n_experts: int, moe: bool) -> dict[str, int]:
+    """A layer's matrices and how many parts each fuses: a mixture of experts' layer has the
+    router and each expert's gate/up and down instead of the dense MLP's."""
+    if not moe:
+        return MATRICES
+    out = {"qkv_w": 3, "o_w": 1, "router_w": 1}
+    for e in range(n_experts):
+        out |= {expert_attr(e, "gate_up_w"): 2, expert_attr(e, "down_w"): 1}
+    return out

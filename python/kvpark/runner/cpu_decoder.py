@@ -102,8 +102,8 @@ class DecoderLayer:
     qkv: Fused
     o: Matrix
     mlp_norm: Array
-    gate_up: Fused
-    down: Matrix
+    gate_up: Fused | None  # a dense MLP's; None in a mixture of experts' layer
+    down: Matrix | None
     k_cells: Array
     v_cells: Array
     qkv_bias: Array | None = None
@@ -112,6 +112,8 @@ class DecoderLayer:
     k_norm: Array | None = None
     post_attn_norm: Array | None = None
     post_mlp_norm: Array | None = None
+    router: Matrix | None = None  # a mixture of experts': the router, each expert's matrices
+    experts: list[tuple[Fused, Matrix]] = field(default_factory=list)
 
 
 @dataclass
@@ -182,8 +184,15 @@ def build_decoder(
             "o": inputs.matrix(layer.o),
             "o_bias": inputs.addr(layer.o_bias),
             "mlp_norm": inputs.addr(layer.mlp_norm),
-            "gate_up": inputs.parts(layer.gate_up),
-            "down": inputs.matrix(layer.down),
+            "gate_up": [] if layer.gate_up is None else inputs.parts(layer.gate_up),
+            "down": None if layer.down is None else inputs.matrix(layer.down),
+            "router": None if layer.router is None else inputs.matrix(layer.router),
+            "experts": [
+                {"gate_up": inputs.parts(gate_up), "down": inputs.matrix(down)}
+                for gate_up, down in layer.experts
+            ],
+            "top_k": arch.experts_per_token,
+            "norm_topk": arch.norm_topk,
             "k_cells": inputs.addr(layer.k_cells, cell),
             "v_cells": inputs.addr(layer.v_cells, cell),
             "post_attn_norm": inputs.addr(layer.post_attn_norm),

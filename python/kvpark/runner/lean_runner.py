@@ -35,6 +35,7 @@ from kvpark.model.numpy_weights import NumpyWeights, Unfit, fit_for_decoder, rea
 from kvpark.model.rope_angles import rope_tables
 from kvpark.model.sources import default_model_path, return_freed_heap
 from kvpark.model.weight_arrays import Stacked
+from kvpark.model.weight_names import expert_attr
 from kvpark.runner.cpu_decoder import (
     DecoderInputs,
     DecoderLayer,
@@ -147,8 +148,8 @@ class LeanCpuRunner:
                 qkv=matrices["qkv_w"],
                 o=single(matrices["o_w"]),
                 mlp_norm=layer.vectors["mlp_norm"],
-                gate_up=matrices["gate_up_w"],
-                down=single(matrices["down_w"]),
+                gate_up=matrices.get("gate_up_w"),
+                down=single(matrices["down_w"]) if "down_w" in matrices else None,
                 k_cells=k,
                 v_cells=v,
                 qkv_bias=layer.vectors.get("qkv_b"),
@@ -157,6 +158,14 @@ class LeanCpuRunner:
                 k_norm=layer.vectors.get("k_norm"),
                 post_attn_norm=layer.vectors.get("post_attn_norm"),
                 post_mlp_norm=layer.vectors.get("post_mlp_norm"),
+                router=single(matrices["router_w"]) if "router_w" in matrices else None,
+                experts=[
+                    (
+                        matrices[expert_attr(e, "gate_up_w")],
+                        single(matrices[expert_attr(e, "down_w")]),
+                    )
+                    for e in range(arch.n_experts if "router_w" in matrices else 0)
+                ],
             )
             for layer, matrices, k, v in zip(w.layers, self.matrices, pool.k, pool.v, strict=True)
         ]

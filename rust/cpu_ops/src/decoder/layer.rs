@@ -1,6 +1,6 @@
 //! One transformer layer over a step's rows, in place on the residual stream `x`.
 
-use super::{sized, Act, Dot, KvCells, Layer, Model, Shape, Step, Workspace};
+use super::{sized, Act, Dot, KvCells, Layer, Mlp, Model, Shape, Step, Workspace};
 use crate::attention::{decode_attention_with, DecodeAttention};
 use crate::int8::{matmul_i8, I8Kernel, I8Scratch};
 use crate::norm::rms_norm;
@@ -132,7 +132,15 @@ pub(super) fn run(
     let h = sized(&mut ws.h, t * s.hidden);
     rms_norm(x, layer.attn_norm, s.eps, h)?;
     let qkv = sized(&mut ws.qkv, t * qkv_w);
-    matmul_parts(model.dot, h, t, layer.qkv, qkv, &mut ws.part, &mut ws.i8)?;
+    matmul_parts(
+        model.dot,
+        h,
+        t,
+        layer.qkv,
+        qkv,
+        &mut ws.mlp.part,
+        &mut ws.i8,
+    )?;
     add_bias(qkv, layer.qkv_bias);
     let q = sized(&mut ws.q, t * nq);
     let tmp = sized(&mut ws.tmp, nq.max(nkv));
@@ -177,23 +185,68 @@ pub(super) fn run(
     add_bias(proj, layer.o_bias);
     residual_add(x, proj, layer.post_attn_norm, s, &mut ws.h)?;
 
-    // MLP: norm, gate/up, silu(gate) * up, down
+    // MLP: norm, then gate/up, act(gate) * up, down (or the mixture of experts)
     let h = sized(&mut ws.h, t * s.hidden);
     rms_norm(x, layer.mlp_norm, s.eps, h)?;
-    let i = s.intermediate;
-    let gu = sized(&mut ws.gate_up, t * 2 * i);
-    matmul_parts(model.dot, h, t, layer.gate_up, gu, &mut ws.part, &mut ws.i8)?;
-    let act = sized(&mut ws.act, t * i);
-    for (row, out) in gu.chunks_exact(2 * i).zip(act.chunks_exact_mut(i)) {
-        let (gate, up) = row.split_at(i);
-        match s.act {
-            Act::Silu => super::silu::silu_mul(gate, up, out),
-            Act::GeluTanh => super::gelu::gelu_mul(gate, up, out),
+    let proj = sized(&mut ws.proj, t * s.hidden);
+    match layer.mlp {
+        Mlp::Dense { gate_up, down } => swiglu(
+            model,
+            h,
+            t,
+            gate_up,
+            down,
+            s.intermediate,
+            proj,
+            &mut ws.mlp,
+            &mut ws.i8,
+        )?,
+        Mlp::Experts(moe) => super::moe::run(
+            model,
+            &moe,
+            h,
+            t,
+            proj,
+            &mut ws.moe,
+            &mut ws.mlp,
+            &mut ws.i8,
+        )?,
+    }
+    residual_add(x, proj, layer.post_mlp_norm, s, &mut ws.h)
+}
+
+/// An MLP's buffers, kept between steps.
+#[derive(Default)]
+pub(crate) struct MlpBufs {
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    part: Vec<f32>,
+}
+
+/// `out [rows, hidden]` = down(act(gate) * up) of `x [rows, hidden]`, `width` the MLP's.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn swiglu(
+    model: &Model<'_>,
+    x: &[f32],
+    rows: usize,
+    gate_up: &[Weights<'_>],
+    down: Weights<'_>,
+    width: usize,
+    out: &mut [f32],
+    bufs: &mut MlpBufs,
+    i8: &mut I8Scratch,
+) -> Result<(), ShapeError> {
+    let gu = sized(&mut bufs.gate_up, rows * 2 * width);
+    matmul_parts(model.dot, x, rows, gate_up, gu, &mut bufs.part, i8)?;
+    let act = sized(&mut bufs.act, rows * width);
+    for (row, o) in gu.chunks_exact(2 * width).zip(act.chunks_exact_mut(width)) {
+        let (gate, up) = row.split_at(width);
+        match model.shape.act {
+            Act::Silu => super::silu::silu_mul(gate, up, o),
+            Act::GeluTanh => super::gelu::gelu_mul(gate, up, o),
         }
     }
-    let proj = sized(&mut ws.proj, t * s.hidden);
-    matmul(model.dot, act, t, layer.down, proj, &mut ws.i8)?;
-    residual_add(x, proj, layer.post_mlp_norm, s, &mut ws.h)
+    matmul(model.dot, act, rows, down, out, i8)
 }
 
 /// `x += y`, or `x += norm(y)` where the layer norms its outputs (Gemma's sandwich norms).

@@ -22,6 +22,7 @@
 mod gelu;
 mod kv;
 mod layer;
+mod moe;
 mod silu;
 
 use crate::attention::Scores;
@@ -31,6 +32,7 @@ use crate::norm::rms_norm;
 use crate::shape::ShapeError;
 use crate::weights::{Weights, BLOCK};
 pub use kv::{bf16_bits, f16_bits, KvCells};
+pub use moe::{Expert, Moe};
 
 /// The model's sizes.
 #[derive(Clone, Copy, Debug)]
@@ -84,8 +86,7 @@ pub struct Layer<'a> {
     pub o: Weights<'a>,
     pub o_bias: Option<&'a [f32]>,
     pub mlp_norm: &'a [f32],
-    pub gate_up: &'a [Weights<'a>],
-    pub down: Weights<'a>,
+    pub mlp: Mlp<'a>,
     /// Gemma's norms of the attention's and the MLP's outputs, before each residual add.
     pub post_attn_norm: Option<&'a [f32]>,
     pub post_mlp_norm: Option<&'a [f32]>,
@@ -93,6 +94,16 @@ pub struct Layer<'a> {
     pub sliding: bool,
     /// which of [`Model::ropes`] this layer turns with
     pub rope: usize,
+}
+
+/// A layer's MLP: dense (gate/up fused by rows, as parts; down), or a mixture of experts.
+#[derive(Clone, Copy)]
+pub enum Mlp<'a> {
+    Dense {
+        gate_up: &'a [Weights<'a>],
+        down: Weights<'a>,
+    },
+    Experts(Moe<'a>),
 }
 
 /// A rope table: `[positions, head_dim / 2]` each, cos and sin by position.
@@ -159,11 +170,10 @@ pub struct Workspace {
     pub(crate) q: Vec<f32>,
     pub(crate) att: Vec<f32>,
     pub(crate) proj: Vec<f32>,
-    pub(crate) gate_up: Vec<f32>,
-    pub(crate) act: Vec<f32>,
     pub(crate) tmp: Vec<f32>,
-    /// one part's product of a fused matrix of several parts
-    pub(crate) part: Vec<f32>,
+    /// the MLP's and the mixture's buffers
+    pub(crate) mlp: layer::MlpBufs,
+    pub(crate) moe: moe::MoeBufs,
     /// every row's attention entry over its whole context, and over its window's cells
     pub(crate) full: Entries,
     pub(crate) windowed: Entries,

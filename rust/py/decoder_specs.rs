@@ -1,0 +1,187 @@
+//! The plain values `_CpuDecoder` is built from (a matrix's addresses, a layer's, an expert's,
+//! the architecture's switches), their checks, and the step-time views over them
+//! (kvpark_cpu_ops::decoder's weights): what decoder.rs wraps.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use kvpark_cpu_ops::{
+    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+};
+
+/// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
+/// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32) or '6' (Q6_K unpacked: qs [n, k]
+/// i8, scale [n, k/16] f32, offset 0) in blocks; or dense,
+/// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
+/// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
+#[derive(FromPyObject, Clone, Copy)]
+#[pyo3(from_item_all)]
+pub(super) struct Matrix {
+    pub(super) kind: char,
+    pub(super) qs: usize,
+    pub(super) scale: usize,
+    pub(super) offset: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+}
+
+/// One layer: addresses of f32 vectors (0 where the model has none) and its matrices; a fused
+/// one (qkv, gate_up) as its parts, rows in order (one part, or several of different kinds).
+#[derive(FromPyObject, Clone)]
+#[pyo3(from_item_all)]
+pub(super) struct LayerSpec {
+    pub(super) attn_norm: usize,
+    pub(super) qkv: Vec<Matrix>,
+    pub(super) qkv_bias: usize,
+    pub(super) q_norm: usize,
+    pub(super) k_norm: usize,
+    pub(super) o: Matrix,
+    pub(super) o_bias: usize,
+    pub(super) mlp_norm: usize,
+    /// a dense MLP's (empty and None in a mixture of experts' layer)
+    pub(super) gate_up: Vec<Matrix>,
+    pub(super) down: Option<Matrix>,
+    /// a mixture of experts: the router `[experts, hidden]` (None for a dense MLP), each
+    /// expert's matrices, how many a row takes, and whether their weights are renormalised
+    pub(super) router: Option<Matrix>,
+    pub(super) experts: Vec<ExpertSpec>,
+    pub(super) top_k: usize,
+    pub(super) norm_topk: bool,
+    pub(super) k_cells: usize,
+    pub(super) v_cells: usize,
+    pub(super) post_attn_norm: usize,
+    pub(super) post_mlp_norm: usize,
+    pub(super) sliding: bool,
+    pub(super) rope: usize,
+}
+
+/// One expert of a mixture: its gate/up parts and down, `[2 * width, hidden]`, `[hidden, width]`.
+#[derive(FromPyObject, Clone)]
+#[pyo3(from_item_all)]
+pub(super) struct ExpertSpec {
+    pub(super) gate_up: Vec<Matrix>,
+    pub(super) down: Matrix,
+}
+
+/// The architecture's switches (kvpark_cpu_ops::decoder::Shape): `act` 's' (silu) or 'g' (gelu_tanh);
+/// soft-caps 0 for none; `window` 0 where no layer slides.
+#[derive(FromPyObject, Clone, Copy)]
+#[pyo3(from_item_all)]
+pub(super) struct Features {
+    pub(super) act: char,
+    pub(super) embed_scale: f32,
+    pub(super) attn_scale: f32,
+    pub(super) attn_softcap: f32,
+    pub(super) final_softcap: f32,
+    pub(super) window: usize,
+}
+
+/// # Safety
+/// `at` holds `len` live values of `T` (0 only with `len` 0 is never passed here).
+pub(super) unsafe fn slice<'a, T>(at: usize, len: usize) -> &'a [T] {
+    std::slice::from_raw_parts(at as *const T, len)
+}
+
+/// # Safety
+/// As for [`slice`]; 0 means none.
+pub(super) unsafe fn maybe<'a>(at: usize, len: usize) -> Option<&'a [f32]> {
+    (at != 0).then(|| slice(at, len))
+}
+
+/// # Safety
+/// The matrix's tensors are live, of the sizes its kind and shape say.
+pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
+    let blocks = m.n * m.k / BLOCK;
+    let dense = |values| {
+        Weights::Dense(DenseWeights {
+            values,
+            n: m.n,
+            k: m.k,
+        })
+    };
+    match m.kind {
+        'f' => dense(DenseValues::F32(slice(m.qs, m.n * m.k))),
+        'h' => dense(DenseValues::F16(slice(m.qs, m.n * m.k))),
+        'b' => dense(DenseValues::Bf16(slice(m.qs, m.n * m.k))),
+        '4' => Weights::Q4(Q4Weights {
+            qs: slice(m.qs, m.n * m.k / 2),
+            scale: slice(m.scale, blocks),
+            offset: slice(m.offset, blocks),
+            n: m.n,
+            k: m.k,
+        }),
+        '6' => Weights::Q6(Q6Weights {
+            qs: slice(m.qs, m.n * m.k),
+            scale: slice(m.scale, m.n * m.k / Q6_GROUP),
+            n: m.n,
+            k: m.k,
+        }),
+        _ => Weights::Q8(Q8Weights {
+            qs: slice(m.qs, m.n * m.k),
+            scale: slice(m.scale, blocks),
+            offset: maybe(m.offset, blocks),
+            n: m.n,
+            k: m.k,
+        }),
+    }
+}
+
+pub(super) fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResult<()> {
+    let dense = matches!(m.kind, 'f' | 'h' | 'b');
+    let fits = m.n == n && m.k == k && k > 0 && m.qs != 0;
+    let kind = if dense {
+        m.scale == 0 && m.offset == 0
+    } else {
+        let offset = match m.kind {
+            '4' => m.offset != 0,
+            '6' => m.offset == 0,
+            _ => m.kind == '8',
+        };
+        k % BLOCK == 0 && m.scale != 0 && offset
+    };
+    if !fits || !kind {
+        return Err(PyValueError::new_err(format!(
+            "{name}: a kind {:?} [{}, {}] matrix where [{n}, {k}] is wanted",
+            m.kind, m.n, m.k
+        )));
+    }
+    Ok(())
+}
+
+/// A fused matrix's parts: each of `k` columns, `n` rows in all.
+pub(super) fn check_parts(name: &str, parts: &[Matrix], n: usize, k: usize) -> PyResult<()> {
+    if parts.is_empty() || parts.iter().map(|m| m.n).sum::<usize>() != n {
+        return Err(PyValueError::new_err(format!(
+            "{name}: parts of {:?} rows where {n} are wanted",
+            parts.iter().map(|m| m.n).collect::<Vec<_>>()
+        )));
+    }
+    for (j, m) in parts.iter().enumerate() {
+        check_matrix(&format!("{name} part {j}"), m, m.n, k)?;
+    }
+    Ok(())
+}
+
+/// A layer's matrices as weights, the fused ones as their parts (what [`Layer`] borrows).
+pub(super) struct LayerParts<'a> {
+    pub(super) qkv: Vec<Weights<'a>>,
+    pub(super) gate_up: Vec<Weights<'a>>,
+    pub(super) down: Option<Weights<'a>>,
+    pub(super) router: Option<Weights<'a>>,
+    pub(super) expert_gate_up: Vec<Vec<Weights<'a>>>,
+    pub(super) expert_down: Vec<Weights<'a>>,
+}
+
+/// # Safety
+/// As for [`weights`], for every matrix of the layer.
+pub(super) unsafe fn layer_parts<'a>(l: &LayerSpec) -> LayerParts<'a> {
+    let parts = |ms: &[Matrix]| ms.iter().map(|m| weights(m)).collect::<Vec<_>>();
+    LayerParts {
+        qkv: parts(&l.qkv),
+        gate_up: parts(&l.gate_up),
+        down: l.down.as_ref().map(|m| weights(m)),
+        router: l.router.as_ref().map(|m| weights(m)),
+        expert_gate_up: l.experts.iter().map(|x| parts(&x.gate_up)).collect(),
+        expert_down: l.experts.iter().map(|x| weights(&x.down)).collect(),
+    }
+}
