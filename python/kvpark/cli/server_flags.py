@@ -12,6 +12,9 @@ from kvpark.config.layers import HTTP_STACKS, ServerConfig
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
 DEFAULT_ENGINE_TIMEOUT_S = 60.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+DEFAULT_STALL_TIMEOUT_S = 30.0
+DEFAULT_STREAM_BUFFER = 1024
+DEFAULT_SEND_BUFFER = 65536
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -78,6 +81,32 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM or SIGINT, how long running requests may finish before they end with "
         "an error event; new requests get 503 meanwhile (a second signal: at once)",
     )
+    p.add_argument(
+        "--stall-timeout",
+        type=seconds,
+        default=DEFAULT_STALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a stream whose client has read nothing for SECONDS (one write has waited that long "
+        "on a full socket) is aborted: its cells and parked bytes come back, the connection "
+        "closes (0: never)",
+    )
+    p.add_argument(
+        "--stream-buffer",
+        type=int_at_least(0),
+        default=DEFAULT_STREAM_BUFFER,
+        metavar="EVENTS",
+        help="engine events (about one per token per prompt) a stream may hold unsent for a "
+        "client that is not reading; one more aborts it at once (0: no bound)",
+    )
+    p.add_argument(
+        "--send-buffer",
+        type=int_at_least(0),
+        default=DEFAULT_SEND_BUFFER,
+        metavar="BYTES",
+        help="each connection's socket send buffer (SO_SNDBUF; Linux doubles it): what a client "
+        "that reads nothing can leave unread before writes wait (0: the kernel's own, growing "
+        "to its tcp_wmem maximum)",
+    )
 
 
 def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
@@ -106,4 +135,7 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         served_model_name=args.served_model_name,
         engine_timeout=args.engine_timeout,
         shutdown_timeout=args.shutdown_timeout,
+        stall_timeout=args.stall_timeout,
+        stream_buffer=args.stream_buffer,
+        send_buffer=args.send_buffer,
     )

@@ -140,3 +140,8 @@ class ServerConfig:
     # wedged and exits; 0: never
     engine_timeout: float = 60.0
     shutdown_timeout: float = 30.0  # on SIGTERM / SIGINT: how long running requests may finish
+    # a stream whose one write has waited this long (its client reads nothing) is aborted; 0: never
+    stall_timeout: float = 30.0
+    # events a stream holds for a client that is not reading; past it the stream is aborted; 0: any
+    stream_buffer: int = 1024
+    send_buffer: int = 65536  # SO_SNDBUF of every connection (0: the kernel's, growing to 4 MiB)

@@ -43,8 +43,13 @@ class FanIn:
         params: list[SamplingParams],
         request_id: str,
         rejected: type[Exception] | None = None,
+        buffer_limit: int = 0,
     ) -> None:
         self._generate = generate
+        # events held for a reader that is not taking them (its client stopped reading: stall.py);
+        # past this many the engine requests are aborted (0: no bound)
+        self._limit = buffer_limit
+        self._overflowed = False
         self._jobs = list(zip(prompts, params, strict=True))
         self._request_id = request_id
         self._rejected = rejected
@@ -90,6 +95,11 @@ class FanIn:
             self._running -= 1
 
     def _put(self, item: PromptEvent | None) -> None:
+        if self._overflowed and item is not None:
+            return  # after the overflow's error only the ends of the streams come
+        if item is not None and self._limit > 0 and len(self._items) >= self._limit:
+            self._overflow(item.prompt)
+            return
         self._items.append(item)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
@@ -123,6 +133,19 @@ class FanIn:
                     await stream.aclose()
             finally:
                 self._put(None)
+
+    def _overflow(self, prompt: int) -> None:
+        """The buffer is full: cancel every pump (closing its generator aborts its engine
+        request, so its cells and parked bytes come back now) and end with an error, which the
+        reader gets after what it has not read yet, should it ever read again."""
+        self._overflowed = True
+        log.warning(
+            "stream %s aborted: %d events unread (--stream-buffer)", self._request_id, self._limit
+        )
+        message = f"stream buffer full: the client did not read {self._limit} events"
+        self._items.append(PromptEvent(prompt, ErrorEvent(message, 503, "unavailable_error")))
+        for task in self._tasks:
+            task.cancel()
 
     def _as_error(self, exc: Exception) -> ErrorEvent:
         if self._rejected is not None and isinstance(exc, self._rejected):

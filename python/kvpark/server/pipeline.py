@@ -92,13 +92,17 @@ async def generate(routes: ServedModel, request: Request, route: GenerationRoute
     request_id = f"{route.id_prefix}{uuid.uuid4().hex}"
     answering = Answering(request_id, routes.model_name, engine.tokenizer, routes.preempt_enabled())
     builder = route.builder(body, req, answering)
-    fan_in = FanIn(engine.generate, req.prompts, req.params, request_id, RequestRejected)
+    config = routes.config
+    # a collected answer takes every event as it comes: only a stream can fall behind
+    limit = config.stream_buffer if req.stream else 0
+    fan_in = FanIn(engine.generate, req.prompts, req.params, request_id, RequestRejected, limit)
     if req.stream:
         # An ASGI app like any Response, with its own disconnect handling.
         framing = route.framing(builder)
-        interval = routes.config.sse_ping_interval
+        interval = config.sse_ping_interval
         frames = stream_frames(engine, fan_in, builder, interval, len(req.prompts) > 1, framing)
-        return SSEResponse(frames, framing)  # type: ignore[return-value]
+        response = SSEResponse(frames, framing, config.stall_timeout, request_id)
+        return response  # type: ignore[return-value]
     if await unless_disconnected(request.receive, collect(fan_in, builder)) is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     return JSONResponse(route.answer(builder))

@@ -16,6 +16,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -138,11 +139,26 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     )
     server = SupervisedServer(config, lifecycle)
     log.info("http stack: %s + %s", "uvloop" if loop_factory else "asyncio", http)
+    listening = listen_socket(config, server_config.send_buffer)
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_serve(server, engine, server_config))
+        return runner.run(_serve(server, engine, server_config, listening))
 
 
-async def _serve(server: SupervisedServer, engine: AsyncEngine, config: ServerConfig) -> int:
+def listen_socket(config: uvicorn.Config, send_buffer: int) -> socket.socket:
+    """The bound socket uvicorn serves on, its send buffer ``send_buffer`` bytes (0: the
+    kernel's). Linux hands a listening socket's buffer size to every connection it accepts, and a
+    set size is fixed: without it the kernel grows a connection's send buffer up to its
+    ``tcp_wmem`` maximum (4 MiB), which a client that reads nothing fills only after thousands of
+    tokens, so no write would ever wait and ``--stall-timeout`` (server/stall.py) never see it."""
+    sock = config.bind_socket()
+    if send_buffer > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    return sock
+
+
+async def _serve(
+    server: SupervisedServer, engine: AsyncEngine, config: ServerConfig, sock: socket.socket
+) -> int:
     tasks = [
         asyncio.create_task(_watch_loading(server, engine, config)),
         asyncio.create_task(supervise(server, engine, server.lifecycle, config)),
@@ -150,7 +166,7 @@ async def _serve(server: SupervisedServer, engine: AsyncEngine, config: ServerCo
     if config.log_stats_interval > 0:
         tasks.append(asyncio.create_task(log_stats_every(engine, config.log_stats_interval)))
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         for task in tasks:
             task.cancel()

@@ -42,6 +42,7 @@ from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import End, PromptEvent, Timeout
 from kvpark.server.responses import JSON
+from kvpark.server.stall import StalledClient, send_within
 
 log = logging.getLogger("kvpark.server")
 
@@ -231,9 +232,17 @@ async def sse_frames(
 class SSEResponse:
     """ASGI response for a frame generator: headers with the first frame, abort on disconnect."""
 
-    def __init__(self, frames: AsyncGenerator[bytes, None], framing: Framing = OPENAI) -> None:
+    def __init__(
+        self,
+        frames: AsyncGenerator[bytes, None],
+        framing: Framing = OPENAI,
+        stall_timeout: float = 0.0,
+        request_id: str = "",
+    ) -> None:
         self.frames = frames
         self.framing = framing
+        self.stall_timeout = stall_timeout  # a write waiting longer ends the stream (stall.py)
+        self.request_id = request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -256,11 +265,11 @@ class SSEResponse:
             return
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
         try:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
+            await self._body(send, first)
             try:
                 async for frame in self.frames:
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-            except OSError:
+                    await self._body(send, frame)
+            except (OSError, StalledClient):
                 raise
             except Exception as exc:  # a bug below us: tell the client in-stream, keep serving
                 log.error("stream failed", exc_info=exc)
@@ -275,3 +284,11 @@ class SSEResponse:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             return  # the client went away while we wrote; the frames close in __call__
+        except StalledClient as stalled:
+            # Returning closes the frames (and so aborts the engine requests) in __call__;
+            # uvicorn then closes the connection it could not finish.
+            log.warning("stream %s aborted: %s (--stall-timeout)", self.request_id, stalled)
+
+    async def _body(self, send: Send, frame: bytes) -> None:
+        message = {"type": "http.response.body", "body": frame, "more_body": True}
+        await send_within(send, message, self.stall_timeout)
