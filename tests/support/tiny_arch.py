@@ -204,8 +204,10 @@ def write_gguf(
         w.add_sliding_window(cfg.sliding_window)
     rope = cfg.rope_parameters
     if kind == "gemma2":
-        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
-        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if cfg.attn_logit_softcapping is not None:
+            w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if cfg.final_logit_softcapping is not None:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
         w.add_float32(f"{arch}.attention.scale", cfg.query_pre_attn_scalar**-0.5)
     elif kind == "gemma3":
         w.add_rope_freq_base(rope["full_attention"]["rope_theta"])

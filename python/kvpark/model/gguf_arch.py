@@ -60,11 +60,11 @@ def arch_from_gguf(g: GgufFile) -> ModelArch:
         embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
         sandwich_norms=gemma,
         attn_scale=_attention_scale(md, arch, n_layers, hidden, n_heads),
-        attn_softcap=md.get(f"{arch}.attn_logit_softcapping") if arch == "gemma2" else None,
-        final_softcap=md.get(f"{arch}.final_logit_softcapping") if arch == "gemma2" else None,
+        attn_softcap=_softcap(md, arch, "attn", 50.0),
+        final_softcap=_softcap(md, arch, "final", 30.0),
         sliding_window=window,
         sliding_layers=sliding,
-        local_rope_theta=10000.0 if arch == "gemma3" else None,
+        local_rope_theta=_local_rope_base(md, arch),
         **_experts(md, arch, n_layers),
     )
 
@@ -108,6 +108,24 @@ def _sliding(
             f"{g.path}: sliding-window flags for {len(sliding)} of {n_layers} layers"
         )
     return int(window), sliding
+
+
+def _softcap(md: dict[str, Any], arch: str, which: str, gemma2_default: float) -> float | None:
+    """A Gemma's soft-cap (``attn`` or ``final``): the file's, else llama.cpp's default (Gemma 2:
+    50 and 30; Gemma 3 has only a final one, none by default); 0 is none."""
+    if arch not in ("gemma2", "gemma3") or (arch == "gemma3" and which == "attn"):
+        return None
+    default = gemma2_default if arch == "gemma2" else 0.0
+    return float(md.get(f"{arch}.{which}_logit_softcapping", default)) or None
+
+
+def _local_rope_base(md: dict[str, Any], arch: str) -> float | None:
+    """The sliding layers' rope base where it is their own: a file's ``rope.freq_base_swa``,
+    else Gemma 3's 10000 (llama.cpp's defaults)."""
+    base = md.get(f"{arch}.rope.freq_base_swa")
+    if base is not None:
+        return float(base)
+    return 10000.0 if arch == "gemma3" else None
 
 
 def _attention_scale(
