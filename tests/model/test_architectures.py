@@ -36,7 +36,7 @@ from support.lean_reference import (
     greedy,
     reference,
 )
-from support.tiny_arch import ARCHS, WINDOW, save_arch, write_gguf
+from support.tiny_arch import ARCHS, COMMON, WINDOW, save_arch, write_gguf
 
 CPU = torch.device("cpu")
 SECOND_PROMPT = [101, 7, 3000, 45, 45, 9, 812, 77, 5, 1234, 66, 18, 4, 250]
@@ -178,3 +178,30 @@ def test_phi3_past_its_trained_context_turns_with_the_long_factors(
     hidden, _ = reference(r.weights, tokens)
     bound = 2 * budget(r.weights, 300) * (np.abs(hidden[-1]) @ np.abs(exact(r.weights.head)).T)
     assert np.all(np.abs(got - hf_logits(hf, tokens)[-1]) <= bound)
+
+
+def test_a_multimodal_gemma3_directory_serves_its_language_model(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """model_type gemma3 (text_config, language_model.* tensors beside a vision tower): the
+    language model's, as transformers runs it on text alone."""
+    import transformers
+
+    torch.set_num_threads(1)
+    _, text = ARCHS["gemma3"]
+    text_cfg = COMMON | text
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    mm_config = transformers.Gemma3Config(
+        text_config=text_cfg, vision_config=vision | dict(image_size=28, patch_size=14)
+    )
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(mm_config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.normal_(0.0, 0.1 if "norm" in name else 0.05)
+    hf.save_pretrained(str(tmp_path))
+    tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
+    r = LeanCpuRunner.load(config(str(tmp_path)))
+    assert r.weights.arch.arch == "gemma3" and any(r.weights.arch.sliding_layers)
+    seq, _ = greedy(r)
+    check_logits(r, hf_logits(hf, seq[:-1]))

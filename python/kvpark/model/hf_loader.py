@@ -27,7 +27,7 @@ _MODEL_TYPES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma2": "gemma2",
-    "gemma3_text": "gemma3",
+    "gemma3_text": "gemma3",  # and gemma3 (multimodal): its text_config (text_config below)
     "phi3": "phi3",
     "qwen3_moe": "qwen3moe",
 }
@@ -45,8 +45,39 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+# a multimodal checkpoint's parts that are not its language model: skipped (kvpark serves text)
+_NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_NOT_TEXT += ("model.multi_modal_projector.",)
+# prefixes of a multimodal checkpoint's language model (transformers 4's and 5's spellings)
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."))
+_TEXT_PREFIXES += (("language_model.lm_head.", "lm_head."),)
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal Gemma 3 (``model_type`` gemma3, with a ``text_config``) read as its language
+    model, Gemma 3 text; any other config as it is."""
+    if cfg.get("model_type") != "gemma3" or not isinstance(cfg.get("text_config"), dict):
+        return cfg
+    text = {"model_type": "gemma3_text", **cfg["text_config"]}
+    text["model_type"] = "gemma3_text"
+    text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    return text
+
+
+def text_name(name: str) -> str | None:
+    """A tensor's name in the language model (a multimodal checkpoint's prefix dropped), or None
+    for a tensor of another part (the vision tower, the projector)."""
+    if name.startswith(_NOT_TEXT):
+        return None
+    for prefix, plain in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return plain + name.removeprefix(prefix)
+    return name
+
+
 def variant(cfg: dict[str, Any]) -> str:
     """Our variant for a config.json, or a ModelLoadError naming the unsupported architecture."""
+    cfg = text_config(cfg)
     model_type = cfg.get("model_type")
     arch = _MODEL_TYPES.get(str(model_type))
     if arch is None:
@@ -58,6 +89,7 @@ def variant(cfg: dict[str, Any]) -> str:
 
 
 def arch_from_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelArch:
+    cfg = text_config(cfg)
     model_type = cfg.get("model_type")
     arch = variant(cfg)
     act = _ACTIVATIONS.get(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
@@ -209,7 +241,9 @@ def safetensor_files(root: Path) -> list[SafetensorsFile]:
 
 
 def tensor_names(files: list[SafetensorsFile]) -> list[str]:
-    return [name for f in files for name in f.keys()]  # noqa: SIM118 (not a dict)
+    """The language model's tensors' names (text_name)."""
+    names = (text_name(name) for f in files for name in f.keys())  # noqa: SIM118 (not a dict)
+    return [n for n in names if n is not None]
 
 
 def iter_tensors(
@@ -219,11 +253,14 @@ def iter_tensors(
     read-only views of the mapped files where that is their own. A Gemma's norm weights come
     as ``1 + w`` in float32, what its norms multiply by (and what llama.cpp's GGUFs store)."""
     for f in files:
-        for name in f.keys():  # noqa: SIM118 (not a dict)
-            value = converted(f.get(name), dense_dtype)
+        for stored in f.keys():  # noqa: SIM118 (not a dict)
+            name = text_name(stored)
+            if name is None:
+                continue
+            value = converted(f.get(stored), dense_dtype)
             if arch in GEMMA and name.endswith("norm.weight"):
                 value = widened(value).astype(np.float32) + np.float32(1.0)
-            yield NamedTensor(name, value, f.dtype_name(name))
+            yield NamedTensor(name, value, f.dtype_name(stored))
 
 
 def _token(value: Any) -> str | None:
