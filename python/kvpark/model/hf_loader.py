@@ -46,11 +46,18 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 # a multimodal checkpoint's parts that are not its language model: skipped (kvpark serves text)
-_NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
-_NOT_TEXT += ("model.multi_modal_projector.",)
+_NOT_TEXT: tuple[str, ...] = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
 # prefixes of a multimodal checkpoint's language model (transformers 4's and 5's spellings)
-_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."))
-_TEXT_PREFIXES += (("language_model.lm_head.", "lm_head."),)
+_TEXT_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
