@@ -4,16 +4,19 @@ The size limit is checked twice: against Content-Length before reading, and by c
 reading (a chunked upload has no Content-Length). Past it the answer is 413 and the rest is not
 read. JSON nested deeper than Python's parser recurses, and a string holding a lone UTF-16
 surrogate (``"\\ud800"`` is valid JSON, but no UTF-8 text: the tokenizer would fail on it later,
-outside the 400 path), are 400s that name the problem, and the latter its field.
+outside the 400 path), are 400s that name the problem, and the latter its field. A large body is
+parsed off the event loop (server/body_thread.py), so it does not stall the streams running.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 
+from kvpark.server.body_thread import ON_LOOP_BYTES, parse_off_loop, release
 from kvpark.server.errors import APIError, bad_request
 
 
@@ -35,16 +38,28 @@ async def read_json(request: Request, limit: int) -> dict[str, object]:
             chunks.append(chunk)
     except ClientDisconnect:  # nobody will read the answer; nothing to log
         raise bad_request("the client went away while sending its body") from None
+    raw = b"".join(chunks)
+    if len(raw) <= ON_LOOP_BYTES:
+        return parse_json(raw, json.loads)
+    return await parse_off_loop(raw, parse_json)
+
+
+def parse_json(raw: bytes, loads: Callable[[bytes], object]) -> dict[str, object]:
+    """``raw`` as a JSON object with no lone surrogate, parsed by ``loads``; else a 400."""
     try:
-        body = json.loads(b"".join(chunks))
+        body = loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
     except RecursionError:
         raise bad_request("the JSON body is nested too deeply") from None
     if not isinstance(body, dict):
+        release(body)
         raise bad_request("the body must be a JSON object")
     where = lone_surrogate_at(body)
     if where is not None:
+        # freed here, in slices: the error's traceback would keep the body alive until the event
+        # loop dropped it, and freeing a million objects at once holds the GIL a while
+        release(body)
         raise bad_request(f"{where} holds a lone UTF-16 surrogate, which is not text", where)
     return body
 
@@ -55,21 +70,30 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def lone_surrogate_at(value: object) -> str | None:
     """The path (``messages[0].content``) of the first string, key or value, in ``value`` that
-    holds a lone surrogate, or None; iterative, so a deep body cannot recurse."""
+    holds a lone surrogate, or None; iterative, so a deep body cannot recurse. Strings are checked
+    where they stand and only containers wait on the stack: a million tuples of (string, path)
+    would each be tracked by the garbage collector, whose full passes over them hold the GIL."""
+    if isinstance(value, str):
+        return "the body" if _SURROGATE.search(value) else None
     stack: list[tuple[object, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return path or "the body"
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             for key, inner in item.items():
-                name = f"{path}.{key}" if path else str(key)
                 if _SURROGATE.search(str(key)):
-                    return name
-                stack.append((inner, name))
+                    return f"{path}.{key}" if path else str(key)
+                if isinstance(inner, str):
+                    if _SURROGATE.search(inner):
+                        return f"{path}.{key}" if path else str(key)
+                elif isinstance(inner, dict | list):
+                    stack.append((inner, f"{path}.{key}" if path else str(key)))
         elif isinstance(item, list):
-            stack.extend((inner, f"{path}[{i}]") for i, inner in enumerate(item))
+            for i, inner in enumerate(item):
+                if isinstance(inner, str):
+                    if _SURROGATE.search(inner):
+                        return f"{path}[{i}]"
+                elif isinstance(inner, dict | list):
+                    stack.append((inner, f"{path}[{i}]"))
     return None
 
 
