@@ -28,7 +28,7 @@ from kvpark.config.env import Knobs
 from kvpark.config.layers import EngineConfig
 from kvpark.engine.add_batches import AddBatches
 from kvpark.engine.embeddings import EmbedJob, embed_member
-from kvpark.engine.llm_engine import LLMEngine, RequestRejected
+from kvpark.engine.llm_engine import LLMEngine, RequestRejected, queue_full
 from kvpark.engine.outputs import ErrorEvent, QueuedEvent, StreamEvent
 from kvpark.engine.slots import describe_slots
 from kvpark.engine.step_failures import check_pool, fail_step
@@ -167,12 +167,28 @@ class EngineThread:
                     log.exception("aborting %s failed", payload)
                     check_pool(self._engine, "a failed abort")
             elif kind == "embed":
-                self._embeds.append(payload)
+                self._admit_embed(payload)
+
+    def _admit_embed(self, job: EmbedJob) -> None:
+        """An embedding job waits behind the ones before it (the first is running), and counts
+        against ``--max-waiting`` with the generating requests waiting for a slot: past it, the
+        same 503 as theirs."""
+        assert self._engine is not None
+        waiting = len(self._embeds)  # 0: it runs at once; else it waits, after waiting - 1 more
+        if waiting and waiting + self._engine.waiting_beyond_slots() > self._max_waiting():
+            job.settle(queue_full())
+            return
+        self._embeds.append(job)
+
+    def _max_waiting(self) -> int:
+        return self.config.scheduler.max_waiting
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         assert self._engine is not None
+        # embedding jobs behind the running one wait too: they count against the same limit
+        also_waiting = max(len(self._embeds) - 1, 0)
         try:
-            self._engine.add_request(request_id, prompt_ids, params)
+            self._engine.add_request(request_id, prompt_ids, params, also_waiting)
         except RequestRejected as e:  # the queue is full: refused before any event
             self._streams.dispatch({request_id: [ErrorEvent(e.message, e.code, e.kind)]})
         except BaseException:  # this request only: it never reached the scheduler's lists

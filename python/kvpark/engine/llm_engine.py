@@ -52,6 +52,13 @@ def prefix_cache_salt(config: EngineConfig, model_name: str) -> int:
     return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "little")
 
 
+def queue_full() -> RequestRejected:
+    """The 503 of a request past ``--max-waiting``, generating or embedding alike."""
+    return RequestRejected(
+        "the server is busy: the wait queue is full", code=503, kind="unavailable_error"
+    )
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Runner | RunnerFactory | None = None) -> None:
         """``runner``: a runner, or a factory called with ``config``; None: the one
@@ -98,21 +105,36 @@ class LLMEngine:
             eos_ids=self.tokenizer.eos_ids,
         )
 
+    def waiting_beyond_slots(self) -> int:
+        """Requests waiting now that no open slot takes at the next step."""
+        s = self.scheduler
+        # a newcomer of no choices counts only when someone already waits: itself, not one more
+        return max(s.waiting.queued_beyond_slots(s.open_slots, 0) - 1, 0)
+
     def add_request(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        also_waiting: int = 0,
     ) -> Request:
         """Queue a checked request; :class:`RequestRejected` (503) when the wait queue is full.
 
         The queue limit is checked here, by the thread that owns the engine, and not in
         :meth:`check_request`: another thread reading the queue's length could let a burst of
-        requests past it.
+        requests past it. ``also_waiting``: other work waiting for the engine that counts
+        against the same limit (embedding jobs behind the running one: engine/engine_thread.py).
         """
         if request_id in self._requests:
             raise RequestRejected(f"duplicate request id {request_id!r}")
         if self.scheduler.wait_queue_full(params.n):
-            raise RequestRejected(
-                "the server is busy: the wait queue is full", code=503, kind="unavailable_error"
-            )
+            raise queue_full()
+        if also_waiting > 0:  # only a newcomer that itself waits can be one too many
+            s = self.scheduler
+            queued = s.waiting.queued_beyond_slots(s.open_slots, params.n)
+            waits = queued > self.waiting_beyond_slots()
+            if waits and queued + also_waiting > s.config.max_waiting:
+                raise queue_full()
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         self._arrivals += 1
         req = Request(request_id, list(prompt_ids), params, seed, key=self._arrivals)

@@ -109,9 +109,10 @@ async def create_embeddings(
     prompts = await run_in_threadpool(_prompts, body, engine.tokenizer)
     try:
         engine.check_embedding(prompts)
+        # a full wait queue (--max-waiting) is decided on the engine thread: the job's 503
+        vectors = await unless_disconnected(request.receive, engine.embed(prompts))
     except RequestRejected as exc:
         raise APIError(exc.code, exc.message, exc.kind, exc.param) from None
-    vectors = await unless_disconnected(request.receive, engine.embed(prompts))
     if vectors is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     size = len(vectors[0])
