@@ -274,14 +274,9 @@ class SSEResponse:
             except Exception as exc:  # a bug below us: tell the client in-stream, keep serving
                 log.error("stream failed", exc_info=exc)
                 failure = APIError(500, f"internal error: {type(exc).__name__}")
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": self.framing.error(failure) + self.framing.done,
-                        "more_body": True,
-                    }
-                )
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._body(send, self.framing.error(failure) + self.framing.done)
+            last = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send_within(send, last, self.stall_timeout)
         except OSError:
             return  # the client went away while we wrote; the frames close in __call__
         except StalledClient as stalled:
