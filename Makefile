@@ -50,8 +50,11 @@ python-checks: setup
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest kvpark._core
 
+# pytest's own script, not `python -m pytest`: `-m` puts the repo root on sys.path, where the
+# Triton sources in kernels/ (shipped as kvpark.kernels) shadow PyPI's `kernels` package, which
+# transformers >= 5.25 imports when installed.
 pytest: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n auto --dist loadfile tests
 
 test: setup rust-checks python-checks wheel-check pytest
 
