@@ -75,7 +75,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--max-waiting",
         type=int_at_least(0),
         default=1024,
-        help="requests queued beyond the slots before new ones get 503",
+        help="requests queued beyond the slots (embedding requests waiting behind the running "
+        "one included) before new ones get 503; 0: none waits",
     )
     p.add_argument(
         "--dtype", type=dtype_name, default="auto", help="auto, float32, bfloat16, float16"
