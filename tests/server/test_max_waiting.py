@@ -38,11 +38,17 @@ def test_nothing_waits_at_max_waiting_0(server: Server) -> None:
             assert_busy(http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}))
             # embeddings use no slot: one runs beside the stream, a second would wait
             first: list[httpx.Response] = []
-            job = threading.Thread(
-                target=lambda: first.append(
-                    http.post("/v1/embeddings", json={"input": LONG_INPUTS})
-                )
-            )
+
+            def embed_long() -> None:
+                # it is itself refused when it arrives while a short one runs: it tries again
+                while True:
+                    answer = http.post("/v1/embeddings", json={"input": LONG_INPUTS})
+                    if answer.status_code != 503:
+                        first.append(answer)
+                        return
+                    assert_busy(answer)
+
+            job = threading.Thread(target=embed_long)
             job.start()
             refused = None
             while job.is_alive() and refused is None:
