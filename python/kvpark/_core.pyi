@@ -71,8 +71,12 @@ class KvPool:
     def n_cells(self) -> int:
         """Cells in the pool."""
 
-    def add_sequence(self, seq_id: int) -> None:
-        """Add a sequence holding no cell. ValueError if it exists."""
+    def add_sequence(self, seq_id: int, cache_salt: int = 0) -> None:
+        """Add a sequence holding no cell. ValueError if it exists.
+
+        With a nonzero cache_salt (a u64) its pages are found only by sequences of the same
+        salt, and it finds only theirs: requests share cached pages only within one salt.
+        """
 
     def has_sequence(self, seq_id: int) -> bool:
         """Whether the sequence exists."""
@@ -171,19 +175,23 @@ class KvPool:
     def registered_len(self, seq_id: int) -> int:
         """Tokens of the sequence registered so far (0 with the prefix cache off)."""
 
-    def cached_prefix(self, tokens: list[int], max_tokens: int) -> tuple[int, int]:
+    def cached_prefix(
+        self, tokens: list[int], max_tokens: int, cache_salt: int = 0
+    ) -> tuple[int, int]:
         """Pure: (tokens covered, cached cells) of the longest cached prefix of tokens[:max_tokens].
 
-        Whole registered pages only. Cached cells: those of the hit held by no sequence now,
-        which cost room when taken.
+        Whole registered pages of cache_salt only. Cached cells: those of the hit held by no
+        sequence now, which cost room when taken.
         """
 
-    def cells_to_admit(self, tokens: list[int], max_tokens: int, n_cells: int) -> int:
+    def cells_to_admit(
+        self, tokens: list[int], max_tokens: int, n_cells: int, cache_salt: int = 0
+    ) -> int:
         """Pure: the room a new sequence holding n_cells cells takes after its cached prefix.
 
-        Free or cached cells: its pages beyond the hit of tokens[:max_tokens] plus the hit's
-        pages that are cached now. For the admission check against cells_free() and a parked
-        request's resume_cells.
+        Free or cached cells: its pages beyond the hit of tokens[:max_tokens] (among the pages
+        of cache_salt) plus the hit's pages that are cached now. For the admission check
+        against cells_free() and a parked request's resume_cells.
         """
 
     def match_prefix(self, seq_id: int, tokens: list[int], max_tokens: int) -> int:
@@ -191,8 +199,9 @@ class KvPool:
 
         Whole registered pages join its page table (a cached page leaves the cache); returns
         the tokens covered, its new seq_len (0: no hit). Takes no free page. Pass max_tokens =
-        len(prompt) - 1 for a prompt, the computed count for a swap resume. ValueError if the
-        sequence holds cells; 0 with the cache off.
+        len(prompt) - 1 for a prompt, the computed count for a swap resume. Only pages of the
+        sequence's own cache_salt are found. ValueError if the sequence holds cells; 0 with the
+        cache off.
         """
 
     def page_key(self, page: int) -> int | None:

@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use super::cached_pages::CachedPages;
-use super::page_key::{chain_key, ROOT_KEY};
+use super::page_key::chain_key;
 use super::KvPool;
 
 impl KvPool {
@@ -54,10 +54,8 @@ impl KvPool {
             if e.serial >= cache.next_serial || !serials.insert(e.serial) {
                 return Err(format!("page {p}'s serial {} is not unique", e.serial));
             }
+            // A first page's parent key is its cache salt's root: any key.
             match e.parent {
-                None if e.parent_key != ROOT_KEY => {
-                    return Err(format!("first page {p} has a parent key"));
-                }
                 None => {}
                 Some(r) => {
                     let Some(parent) = cache.entry(r.page).filter(|_| cache.alive(r)) else {
@@ -164,7 +162,7 @@ impl KvPool {
             if chain.links.len() != chain.tokens.len() / ps {
                 return Err(format!("sequence {seq} has a link per page wrong"));
             }
-            let mut parent_key = ROOT_KEY;
+            let mut parent_key = chain.root;
             for (link, tokens) in chain.links.iter().zip(chain.tokens.chunks_exact(ps)) {
                 if link.key != chain_key(parent_key, cache.salt, tokens) {
                     return Err(format!("sequence {seq}'s chain keys do not recompute"));

@@ -10,6 +10,10 @@
 //! salt stands for everything else that changes K and V (the model, exact mode's tiling), so
 //! pools of different models or tilings never share a key.
 //!
+//! A request's own cache salt (`cache_salt` on the API) goes in before the first page: its chain
+//! starts from [`root_key`]`(cache_salt)` instead of `ROOT`, so requests of different salts
+//! never find each other's pages, and requests of one salt share them as usual.
+//!
 //! The hash is deterministic (no per-process seed): the same tokens give the same key in every
 //! run, which keeps allocation, eviction and the tests reproducible. 64 bits can collide, so the
 //! key is only an index: `cached_pages.rs` stores each registered page's parent and token ids
@@ -20,6 +24,19 @@ pub(crate) type PageKey = u64;
 
 /// The parent key of a sequence's first page.
 pub(crate) const ROOT_KEY: PageKey = 0;
+
+/// The parent key of the first page of a sequence whose cache salt is `cache_salt`: `ROOT_KEY`
+/// for 0 (no salt), else a key that no other salt gives (`mix` is a bijection), never 0.
+pub(crate) fn root_key(cache_salt: u64) -> PageKey {
+    if cache_salt == 0 {
+        return ROOT_KEY;
+    }
+    match mix(cache_salt ^ 0x7361_6C74) {
+        // "salt"
+        ROOT_KEY => 1,
+        key => key,
+    }
+}
 
 /// splitmix64's finaliser: a bijection of u64 that spreads every input bit over the output.
 fn mix(mut z: u64) -> u64 {
@@ -67,6 +84,13 @@ mod tests {
         assert_ne!(base, chain_key(7, 1, &[2, 1, 3, 4]));
         assert_ne!(base, chain_key(7, 1, &[1, 2, 3]));
         assert_ne!(chain_key(7, 1, &[5]), chain_key(7, 1, &[5, u32::MAX]));
+    }
+
+    #[test]
+    fn each_cache_salt_has_its_own_root() {
+        assert_eq!(root_key(0), ROOT_KEY);
+        let roots: std::collections::HashSet<_> = (0..1000).map(root_key).collect();
+        assert_eq!(roots.len(), 1000);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! only write a partly used tail), and `truncate` into one gives the sequence a copy instead
 //! (copy-on-write), so the registered page stays as it was, held or cached.
 
-use super::page_key::{chain_key, PageKey, ROOT_KEY};
+use super::page_key::{chain_key, root_key, PageKey, ROOT_KEY};
 use super::token_chain::{Link, TokenChain};
 use super::{cached_pages::CachedPages, cached_pages::PageRef, KvPool, PageAllocator};
 use crate::error::{KvError, KvResult};
@@ -39,11 +39,17 @@ pub struct PrefixHit {
 }
 
 /// The links of the longest chain of registered pages matching the start of
-/// `tokens[..max_tokens]`, whole pages only.
-fn walk(cache: &CachedPages, page_size: usize, tokens: &[u32], max_tokens: usize) -> Vec<Link> {
+/// `tokens[..max_tokens]`, whole pages only, from first-page parent key `root`.
+fn walk(
+    cache: &CachedPages,
+    page_size: usize,
+    root: PageKey,
+    tokens: &[u32],
+    max_tokens: usize,
+) -> Vec<Link> {
     let n_pages = tokens.len().min(max_tokens) / page_size;
     let mut links = Vec::new();
-    let (mut parent_key, mut parent) = (ROOT_KEY, None);
+    let (mut parent_key, mut parent) = (root, None);
     for page_tokens in tokens.chunks_exact(page_size).take(n_pages) {
         let key = chain_key(parent_key, cache.salt, page_tokens);
         let Some(found) = cache.find(key, parent_key, parent, page_tokens) else {
@@ -115,6 +121,36 @@ impl KvPool {
     /// The prefix cache's salt; `None` when it is off.
     pub fn prefix_cache_salt(&self) -> Option<u64> {
         self.pages.cache.as_ref().map(|c| c.salt)
+    }
+
+    /// [`add_sequence`](Self::add_sequence) for a request with cache salt `cache_salt`: its
+    /// pages are found only by sequences of the same salt, and it finds only theirs (0 is no
+    /// salt: the same as `add_sequence`). Pass the same salt to
+    /// [`cached_prefix_salted`](Self::cached_prefix_salted) and
+    /// [`cells_to_admit_salted`](Self::cells_to_admit_salted) for its admission.
+    ///
+    /// ```
+    /// # use kvpark_core::KvPool;
+    /// let mut pool = KvPool::with_prefix_cache(64, 4, 7).unwrap();
+    /// let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+    /// pool.add_salted_sequence(1, 42).unwrap();
+    /// pool.reserve(1, 9).unwrap();
+    /// pool.register_tokens(1, &prompt).unwrap();
+    /// pool.free_sequence(1).unwrap();
+    /// assert_eq!(pool.cached_prefix(&prompt, 8).tokens, 0); // unsalted: no hit
+    /// assert_eq!(pool.cached_prefix_salted(&prompt, 8, 43).tokens, 0);
+    /// assert_eq!(pool.cached_prefix_salted(&prompt, 8, 42).tokens, 8);
+    /// ```
+    pub fn add_salted_sequence(&mut self, seq: SeqId, cache_salt: u64) -> KvResult<()> {
+        self.add_sequence(seq)?;
+        if self.pages.cache.is_some() && cache_salt != 0 {
+            let chain = TokenChain {
+                root: root_key(cache_salt),
+                ..TokenChain::default()
+            };
+            self.chains.insert(seq, chain);
+        }
+        Ok(())
     }
 
     /// Tokens of sequence `seq` registered so far (0 with the prefix cache off).
@@ -216,10 +252,26 @@ impl KvPool {
     /// `tokens[..max_tokens]`: pure, for the admission check and the planner's resume cost.
     /// Nothing with the prefix cache off.
     pub fn cached_prefix(&self, tokens: &[u32], max_tokens: usize) -> PrefixHit {
+        self.cached_prefix_salted(tokens, max_tokens, 0)
+    }
+
+    /// [`cached_prefix`](Self::cached_prefix) among the pages of cache salt `cache_salt`.
+    pub fn cached_prefix_salted(
+        &self,
+        tokens: &[u32],
+        max_tokens: usize,
+        cache_salt: u64,
+    ) -> PrefixHit {
         let Some(cache) = &self.pages.cache else {
             return PrefixHit::default();
         };
-        let links = walk(cache, self.page_size(), tokens, max_tokens);
+        let links = walk(
+            cache,
+            self.page_size(),
+            root_key(cache_salt),
+            tokens,
+            max_tokens,
+        );
         let cached = links
             .iter()
             .filter(|l| l.page.is_some_and(|r| cache.is_cached(r.page)))
@@ -236,7 +288,18 @@ impl KvPool {
     /// and what a parked request's `resume_cells` should be (see docs/preemption.md). Without a
     /// hit: `n_cells` rounded up to whole pages.
     pub fn cells_to_admit(&self, tokens: &[u32], max_tokens: usize, n_cells: usize) -> usize {
-        let hit = self.cached_prefix(tokens, max_tokens.min(n_cells));
+        self.cells_to_admit_salted(tokens, max_tokens, n_cells, 0)
+    }
+
+    /// [`cells_to_admit`](Self::cells_to_admit) for a sequence of cache salt `cache_salt`.
+    pub fn cells_to_admit_salted(
+        &self,
+        tokens: &[u32],
+        max_tokens: usize,
+        n_cells: usize,
+        cache_salt: u64,
+    ) -> usize {
+        let hit = self.cached_prefix_salted(tokens, max_tokens.min(n_cells), cache_salt);
         pages_for(n_cells, self.page_size()) * self.page_size() - hit.tokens + hit.cached_cells
     }
 
@@ -245,7 +308,8 @@ impl KvPool {
     /// page leaves the cache), its length and registered tokens become the tokens covered, and
     /// the call returns that count (0: no hit, nothing changed). Takes no free page, so it
     /// never fails for room. Pass `max_tokens = len(tokens) - 1` for a prompt, so that its last
-    /// token is computed; a swap resume passes its computed count.
+    /// token is computed; a swap resume passes its computed count. Only pages of the
+    /// sequence's own cache salt are found (see [`add_salted_sequence`](Self::add_salted_sequence)).
     ///
     /// Fails with [`KvError::NotEmpty`] if `seq` holds cells. With the prefix cache off: 0.
     pub fn match_prefix(
@@ -268,7 +332,8 @@ impl KvPool {
         let Some(cache) = &self.pages.cache else {
             return Ok(0);
         };
-        let links = walk(cache, page_size, tokens, max_tokens);
+        let root = self.chains.get(&seq).map_or(ROOT_KEY, |c| c.root);
+        let links = walk(cache, page_size, root, tokens, max_tokens);
         if links.is_empty() {
             return Ok(0);
         }
@@ -280,6 +345,7 @@ impl KvPool {
         let covered = links.len() * page_size;
         table.len = covered;
         let chain = TokenChain {
+            root,
             tokens: tokens[..covered].to_vec(),
             links,
         };

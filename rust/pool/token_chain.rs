@@ -18,7 +18,7 @@
 //! registers, since its parent could not be checked.
 
 use super::cached_pages::PageRef;
-use super::page_key::{PageKey, ROOT_KEY};
+use super::page_key::PageKey;
 
 /// One full page of a sequence's chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,8 @@ pub(crate) struct Link {
 /// One sequence's registered tokens and page chain: `links.len() == tokens.len() / page_size`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TokenChain {
+    /// The parent key of its first page: `root_key` of the sequence's cache salt.
+    pub(crate) root: PageKey,
     pub(crate) tokens: Vec<u32>,
     pub(crate) links: Vec<Link>,
 }
@@ -42,11 +44,11 @@ impl TokenChain {
         self.links.truncate(self.tokens.len() / page_size);
     }
 
-    /// The key and registration the next full page chains on: `(ROOT_KEY, None)` for the first
+    /// The key and registration the next full page chains on: `(root, None)` for the first
     /// page; the registration is `None` after a break.
     pub(crate) fn parent(&self) -> (PageKey, Option<Option<PageRef>>) {
         match self.links.last() {
-            None => (ROOT_KEY, Some(None)),
+            None => (self.root, Some(None)),
             Some(link) => (link.key, link.page.map(Some)),
         }
     }

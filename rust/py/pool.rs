@@ -56,9 +56,11 @@ impl PyKvPool {
         self.0.n_cells()
     }
 
-    /// Add a sequence holding no cell. ValueError if it exists.
-    fn add_sequence(&mut self, seq_id: SeqId) -> PyResult<()> {
-        Ok(self.0.add_sequence(seq_id)?)
+    /// Add a sequence holding no cell. ValueError if it exists. With a nonzero cache_salt its
+    /// pages are found only by sequences of the same salt, and it finds only theirs.
+    #[pyo3(signature = (seq_id, cache_salt = 0))]
+    fn add_sequence(&mut self, seq_id: SeqId, cache_salt: u64) -> PyResult<()> {
+        Ok(self.0.add_salted_sequence(seq_id, cache_salt)?)
     }
 
     /// Whether the sequence exists.
@@ -186,18 +188,32 @@ impl PyKvPool {
     }
 
     /// Pure: (tokens covered, cached cells) of the longest chain of whole registered pages
-    /// matching the start of tokens[:max_tokens]. Cached cells: those of the hit held by no
-    /// sequence now, which cost room when taken.
-    fn cached_prefix(&self, tokens: Vec<u32>, max_tokens: usize) -> (usize, usize) {
-        let hit = self.0.cached_prefix(&tokens, max_tokens);
+    /// matching the start of tokens[:max_tokens], among pages of cache_salt. Cached cells:
+    /// those of the hit held by no sequence now, which cost room when taken.
+    #[pyo3(signature = (tokens, max_tokens, cache_salt = 0))]
+    fn cached_prefix(
+        &self,
+        tokens: Vec<u32>,
+        max_tokens: usize,
+        cache_salt: u64,
+    ) -> (usize, usize) {
+        let hit = self.0.cached_prefix_salted(&tokens, max_tokens, cache_salt);
         (hit.tokens, hit.cached_cells)
     }
 
     /// Pure: the room (free or cached cells) a new sequence holding n_cells cells takes after
-    /// attaching its cached prefix of tokens[:max_tokens]. For the admission check against
+    /// attaching its cached prefix of tokens[:max_tokens] (pages of cache_salt). For the admission check against
     /// cells_free() and a parked request's resume_cells.
-    fn cells_to_admit(&self, tokens: Vec<u32>, max_tokens: usize, n_cells: usize) -> usize {
-        self.0.cells_to_admit(&tokens, max_tokens, n_cells)
+    #[pyo3(signature = (tokens, max_tokens, n_cells, cache_salt = 0))]
+    fn cells_to_admit(
+        &self,
+        tokens: Vec<u32>,
+        max_tokens: usize,
+        n_cells: usize,
+        cache_salt: u64,
+    ) -> usize {
+        self.0
+            .cells_to_admit_salted(&tokens, max_tokens, n_cells, cache_salt)
     }
 
     /// Attach to the empty sequence the longest chain of whole registered pages matching the

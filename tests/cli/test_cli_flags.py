@@ -61,7 +61,7 @@ def test_serve_flags_become_configs() -> None:
     assert (s.preempt_ram_mib, s.preempt, s.preempt_policy) == (-1, False, "cost")
     assert s.preempt_async is False and engine.model.exact is True  # type: ignore[attr-defined]
     assert engine.model.dtype == "bfloat16" and engine.model.threads == 1  # type: ignore[attr-defined]
-    assert server.api_key == "k" and server.sse_ping_interval == 0.5  # type: ignore[attr-defined]
+    assert server.api_keys == ("k",) and server.sse_ping_interval == 0.5  # type: ignore[attr-defined]
     assert server.log_format == "json" and server.port == 9001  # type: ignore[attr-defined]
 
 
@@ -132,6 +132,8 @@ def test_every_serve_flag_has_an_env_name() -> None:
         (["serve", "--model", "/no/such/model.gguf"], "no such file"),
         (["serve", "--api-key", "a", "--api-key-file", "/etc/hostname"], "not both"),
         (["serve", "--api-key-file", "/no/such/key"], "--api-key-file"),
+        (["serve", "--api-key", ""], "--api-key is empty"),
+        (["serve", "--cache-salt-by-key"], "--cache-salt-by-key needs --api-key"),
         (["serve", "--bogus"], "unrecognized"),
         (["generate"], "no prompts"),
         (["generate", "Hi", "--temperature", "9"], "temperature"),
@@ -174,7 +176,7 @@ def test_help_shows_every_flags_default_in_words(
         assert words in text
     if command == "serve":
         assert "--log-stats-interval SECONDS" in text and "(default: 10.0)" in text
-        assert "--api-key API_KEY require" in text and "/health (default: none)" in text
+        assert "--api-key KEY require" in text and "lets a request in (default: none)" in text
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,7 +223,26 @@ def test_api_key_file(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("secret\n")
     _, server = parse(["serve", "--api-key-file", str(key_file)])
-    assert server.api_key == "secret"  # type: ignore[attr-defined]
+    assert server.api_keys == ("secret",)  # type: ignore[attr-defined]
+    key_file.write_text("  one\n\ntwo  \none\n")  # one per line, blanks skipped, once each
+    _, server = parse(["serve", "--api-key-file", str(key_file), "--cache-salt-by-key"])
+    assert server.api_keys == ("one", "two") and server.cache_salt_by_key  # type: ignore[attr-defined]
+    empty = tmp_path / "empty"
+    empty.write_text("\n \n")
+    with pytest.raises(SystemExit):
+        parse(["serve", "--api-key-file", str(empty)])
+
+
+def test_api_keys_repeat_and_the_command_line_replaces_the_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, server = parse(["serve", "--api-key", "a", "--api-key", "b"])
+    assert server.api_keys == ("a", "b") and not server.cache_salt_by_key  # type: ignore[attr-defined]
+    monkeypatch.setenv("KVPARK_API_KEY", "x, y")
+    _, from_env = parse(["serve"])
+    assert from_env.api_keys == ("x", "y")  # type: ignore[attr-defined]
+    _, overridden = parse(["serve", "--api-key", "c"])
+    assert overridden.api_keys == ("c",)  # type: ignore[attr-defined]
 
 
 def test_knobs_parse_from_env() -> None:

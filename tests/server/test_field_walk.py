@@ -115,6 +115,9 @@ SHARED: dict[str, Entry] = {
     "top_k": Changes(1, base=SAMPLED),
     "min_p": Changes(0.9, base=SAMPLED),
     "best_of": Refused(3),
+    # honoured by the prefix cache alone (which cached pages a request may take: that is
+    # tests/server/test_cache_salt.py); with the cache off here it must change no output
+    "cache_salt": NoOp("tenant-a"),
 }
 CHAT: dict[str, Entry] = {
     **SHARED,

@@ -68,8 +68,9 @@ NO_OPS: dict[str, Any] = {
     "cache_control": {"type": "ephemeral"},
     "thinking": {"type": "disabled"},
 }
-# the rest have their own test below
-OWN_TESTS = {"stop_sequences", "stream", "output_config"}
+# the rest have their own test below (cache_salt: in tests/server/test_cache_salt.py, since it
+# changes only which cached pages a request may take)
+OWN_TESTS = {"stop_sequences", "stream", "output_config", "cache_salt"}
 
 
 @pytest.fixture(scope="module")

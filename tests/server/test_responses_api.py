@@ -287,6 +287,8 @@ FIELD_WALK: dict[str, list[Check]] = {
     "metadata": [same({"metadata": {"k": "v"}})],
     "user": [same({"user": "someone"})],
     "service_tier": [same({"service_tier": "auto"})],
+    # changes which cached pages it may take, never the text (tests/server/test_cache_salt.py)
+    "cache_salt": [same({"cache_salt": "tenant-a"}), refused({"cache_salt": ""})],
 }
 # walked in test_responses_api_tools.py (they need the grammar and the tool plan)
 WALKED_WITH_TOOLS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "text"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvpark.cli.values import int_at_least, one_of, port, seconds
+from kvpark.cli.values import Repeatable, int_at_least, one_of, port, seconds
 from kvpark.config.layers import HTTP_STACKS, ServerConfig
 
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
@@ -21,9 +21,22 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=port, default=8000, help="port to listen on")
     p.add_argument(
-        "--api-key", help="require 'Authorization: Bearer KEY' on every route but /health"
+        "--api-key",
+        action=Repeatable,
+        default=[],
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but "
+        "/health; repeat it for several keys, any of which lets a request in",
     )
-    p.add_argument("--api-key-file", help="read the API key from this file")
+    p.add_argument(
+        "--api-key-file", metavar="PATH", help="read the API keys from this file, one per line"
+    )
+    p.add_argument(
+        "--cache-salt-by-key",
+        action="store_true",
+        help="fold each request's API key into its cache salt: requests made with different "
+        "keys never share cached prefix pages (needs --api-key or --api-key-file)",
+    )
     p.add_argument(
         "--sse-ping-interval",
         type=seconds,
@@ -110,22 +123,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
-    api_key = args.api_key
-    if args.api_key_file is not None:
-        if api_key is not None:
-            p.error("give --api-key or --api-key-file, not both")
-        try:
-            api_key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            p.error(f"--api-key-file {args.api_key_file}: {exc.strerror}")
-        if not api_key:
-            p.error(f"--api-key-file {args.api_key_file} is empty")
-    if api_key is not None and not api_key:
-        p.error("--api-key is empty")
     return ServerConfig(
         host=args.host,
         port=args.port,
-        api_key=api_key,
+        api_keys=_api_keys(args, p),
+        cache_salt_by_key=args.cache_salt_by_key,
         sse_ping_interval=args.sse_ping_interval,
         log_format=args.log_format,
         log_health=args.log_health,
@@ -139,3 +141,24 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         stream_buffer=args.stream_buffer,
         send_buffer=args.send_buffer,
     )
+
+
+def _api_keys(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[str, ...]:
+    """The keys of --api-key (repeated) or of --api-key-file (one per line, blank lines
+    skipped); exit 2 for an empty key, both flags, or --cache-salt-by-key without a key."""
+    keys: list[str] = list(args.api_key)
+    if args.api_key_file is not None:
+        if keys:
+            p.error("give --api-key or --api-key-file, not both")
+        try:
+            text = Path(args.api_key_file).read_text()
+        except OSError as exc:
+            p.error(f"--api-key-file {args.api_key_file}: {exc.strerror}")
+        keys = [line.strip() for line in text.splitlines() if line.strip()]
+        if not keys:
+            p.error(f"--api-key-file {args.api_key_file} is empty")
+    if any(not key for key in keys):
+        p.error("--api-key is empty")
+    if args.cache_salt_by_key and not keys:
+        p.error("--cache-salt-by-key needs --api-key or --api-key-file")
+    return tuple(dict.fromkeys(keys))

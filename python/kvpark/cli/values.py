@@ -31,6 +31,23 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class Repeatable(argparse.Action):
+    """A flag given once per value; the values given on the command line replace its default
+    (what ``apply_env`` took from its variable, comma-separated) rather than add to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = [] if current is None or current is self.default else list(current)
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
 def int_at_least(lo: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -115,6 +132,8 @@ def apply_env(
         try:
             if isinstance(action, argparse._StoreTrueAction | argparse.BooleanOptionalAction):
                 value: object = env.parse_bool(text)
+            elif isinstance(action, Repeatable):
+                value = [part.strip() for part in text.split(",") if part.strip()]
             elif action.type is not None:
                 value = action.type(text)  # type: ignore[operator]
             else:

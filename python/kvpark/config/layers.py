@@ -128,7 +128,8 @@ HTTP_STACKS = ("auto", "uvloop", "asyncio")
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # any one of them lets a request in; none: no check
+    cache_salt_by_key: bool = False  # fold the request's API key into its cache salt
     sse_ping_interval: float = 30.0
     log_format: str = "text"  # text | json
     log_health: bool = False  # access-log /health and /metrics too (they poll; noise by default)

@@ -66,6 +66,9 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
     repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output (CTRL rule)
     constraint: Constraint | None = None  # structured output: a grammar the output must match
+    # which cached pages it may share: only those of requests with the same salt (0: no salt;
+    # the server folds the body's cache_salt and, by option, the API key into this u64)
+    cache_salt: int = 0
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
@@ -120,6 +123,7 @@ class SamplingParams:
                 f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})",
                 "min_tokens",
             )
+        _check_int("cache_salt", self.cache_salt, 0, 2**64 - 1)
         _check_float("repetition_penalty", self.repetition_penalty, 0.0, 2.0)
         if self.repetition_penalty == 0.0:
             raise InvalidParameterError(

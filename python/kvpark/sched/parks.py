@@ -46,7 +46,7 @@ class Parks:
 
         Raises PoolFullError (state unchanged) when its cells do not fit."""
         seq = req.sequences[0]
-        self.pool.add_sequence(seq.seq_id)
+        self.pool.add_sequence(seq.seq_id, req.params.cache_salt)
         hit = 0
         if req.park.mode == "swap" and take_cached:
             n = seq.num_computed

@@ -202,9 +202,10 @@ class Scheduler(Parks):
             req = self.waiting.head
             # the last prompt token is always computed: its row gives the first draw
             prompt, reusable = req.prompt_ids, len(req.prompt_ids) - 1
-            hit, _ = self.pool.cached_prefix(prompt, reusable)
+            salt = req.params.cache_salt
+            hit, _ = self.pool.cached_prefix(prompt, reusable, salt)
             rows = min(len(prompt) - hit, budget)
-            need = self.pool.cells_to_admit(prompt, reusable, hit + rows)
+            need = self.pool.cells_to_admit(prompt, reusable, hit + rows, salt)
             if not self.cells.admission_fits(need, self.running):
                 if not self.running and not items:
                     self.waiting.pop_head()
@@ -241,7 +242,7 @@ class Scheduler(Parks):
     def _new_sequence(self, req: Request, index: int, tokens: list[int]) -> Sequence:
         seq = Sequence(self._next_seq_id, index, len(req.prompt_ids), tokens)
         self._next_seq_id += 1
-        self.pool.add_sequence(seq.seq_id)
+        self.pool.add_sequence(seq.seq_id, req.params.cache_salt)
         self.slot_of[seq.seq_id] = self._free_slots.pop()
         self.by_seq[seq.seq_id] = (req, seq)
         return seq

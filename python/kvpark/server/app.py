@@ -162,8 +162,8 @@ def build_app(
         Route("/metrics", _guard(r.metrics_text), methods=["GET"]),
     ]
     middleware = [Middleware(InFlight, lifecycle=lifecycle)]
-    if server_config.api_key:
-        middleware.append(Middleware(APIKeyMiddleware, api_key=server_config.api_key))
+    if server_config.api_keys:
+        middleware.append(Middleware(APIKeyMiddleware, api_keys=server_config.api_keys))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

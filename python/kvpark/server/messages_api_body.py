@@ -188,6 +188,8 @@ class MessagesBody(Body):
     inference_geo: str | None = None
     speed: Literal["standard", "fast"] | None = None
     cache_control: CacheControl | None = None
+    # vLLM's: share cached pages only with requests of the same salt (see docs/server.md)
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("temperature", "top_p", mode="before")
     @classmethod

@@ -50,6 +50,7 @@ def chat_body(body: MessagesBody) -> dict[str, object]:
         "temperature": body.temperature,
         "top_p": body.top_p,
         "top_k": body.top_k,
+        "cache_salt": body.cache_salt,
     }
     chat.update({k: v for k, v in optional.items() if v is not None})
     if body.tools is not None:

@@ -15,7 +15,7 @@ live in one place.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -89,6 +89,8 @@ class SamplingBody(Body):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     best_of: int | None = None  # only n (no ranking of extra samples)
+    # vLLM's: share cached pages only with requests of the same salt (see docs/server.md)
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
 
 
 class ChatCompletionBody(SamplingBody):

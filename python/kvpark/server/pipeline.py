@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -22,7 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kvpark.engine.llm_engine import RequestRejected
+from kvpark.server.auth import KEY_STATE
 from kvpark.server.body import read_json
+from kvpark.server.cache_salt import request_salt
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError
 from kvpark.server.fanout import FanIn
@@ -88,7 +90,8 @@ async def generate(routes: ServedModel, request: Request, route: GenerationRoute
     """The route's answer: a stream (``SSEResponse``) or one JSON object."""
     engine = routes.ready_engine()
     raw = await read_json(request, routes.config.max_body_bytes)
-    body, req = await run_in_threadpool(_prepare, routes, engine, route, raw)
+    key = request.scope.get("state", {}).get(KEY_STATE) if routes.config.cache_salt_by_key else None
+    body, req = await run_in_threadpool(_prepare, routes, engine, route, raw, key)
     request_id = f"{route.id_prefix}{uuid.uuid4().hex}"
     answering = Answering(request_id, routes.model_name, engine.tokenizer, routes.preempt_enabled())
     builder = route.builder(body, req, answering)
@@ -109,9 +112,15 @@ async def generate(routes: ServedModel, request: Request, route: GenerationRoute
 
 
 def _prepare(
-    routes: ServedModel, engine: AsyncEngine, route: GenerationRoute[B, A], raw: dict[str, object]
+    routes: ServedModel,
+    engine: AsyncEngine,
+    route: GenerationRoute[B, A],
+    raw: dict[str, object],
+    key_digest: bytes | None,
 ) -> tuple[B, GenerationRequest]:
-    """On a worker thread: the body validated and parsed, every prompt checked by the engine.
+    """On a worker thread: the body validated and parsed, its cache salt (with the API key's
+    digest under ``--cache-salt-by-key``) folded into every prompt's params, every prompt checked
+    by the engine.
 
     Validation only: whether the wait queue has room is decided on the engine thread as the prompts
     are added (a full queue's 503 is then their first event, still a plain answer)."""
@@ -119,6 +128,9 @@ def _prepare(
     routes.check_model(route.model(body))
     try:
         req = route.parse(body, engine.tokenizer, engine.max_model_len)
+        salt = request_salt(req.cache_salt, key_digest)
+        if salt:
+            req = replace(req, params=[replace(p, cache_salt=salt) for p in req.params])
         for prompt, params in zip(req.prompts, req.params, strict=True):
             try:
                 engine.check_request(prompt, params)  # compiles grammars

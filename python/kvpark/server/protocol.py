@@ -74,6 +74,7 @@ class GenerationRequest:
     include_usage: bool
     tools: ToolPlan | None = None  # chat with tools: how to render and parse the calls
     echo: list[str] | None = None  # completions with echo: each prompt's text, output first
+    cache_salt: str | None = None  # the body's; the pipeline folds it into params.cache_salt
 
     @property
     def n(self) -> int:
@@ -199,7 +200,9 @@ def _request(
     if body.stream_options is not None and not stream:  # as OpenAI: it would change nothing
         raise bad_request("stream_options needs stream: true", "stream_options")
     include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
-    return GenerationRequest(kind, prompts, params, stream, include_usage and stream)
+    return GenerationRequest(
+        kind, prompts, params, stream, include_usage and stream, cache_salt=body.cache_salt
+    )
 
 
 T = TypeVar("T", int, float, bool)

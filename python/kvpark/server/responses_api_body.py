@@ -157,6 +157,8 @@ class ResponsesBody(Body):
     metadata: dict[str, str] | None = None
     user: str | None = None
     service_tier: str | None = None
+    # vLLM's: share cached pages only with requests of the same salt (see docs/server.md)
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
 
 
 # Responses field -> what parse_chat and the engine call it, for their 400s' ``param``
@@ -237,6 +239,8 @@ def to_chat(body: ResponsesBody) -> dict[str, object]:
         chat["response_format"] = response_format
     if body.stream is not None:
         chat["stream"] = body.stream
+    if body.cache_salt is not None:
+        chat["cache_salt"] = body.cache_salt
     return chat
 
 
