@@ -51,7 +51,17 @@ def test_the_fault_knobs_are_test_knobs_that_parse_as_counts() -> None:
     for name in FAULT_KNOBS:
         assert env.KNOBS[name].test_only and env.KNOBS[name].default == "0"
     knobs = env.Knobs.from_env({"KVPARK_FAULT_STEP": "3", "KVPARK_FAULT_DIE": "9"})
-    assert (knobs.fault_step, knobs.fault_panic, knobs.fault_wedge, knobs.fault_die) == (3, 0, 0, 9)
+    assert (knobs.fault_step, knobs.fault_panic, knobs.fault_wedge, knobs.fault_die) == (
+        frozenset({3}),
+        0,
+        0,
+        9,
+    )
+    several = env.Knobs.from_env({"KVPARK_FAULT_STEP": "5, 40,41"})
+    assert several.fault_step == frozenset({5, 40, 41})
+    assert env.Knobs.from_env({"KVPARK_FAULT_STEP": "0"}).fault_step == frozenset()
+    with pytest.raises(ValueError, match="KVPARK_FAULT_STEP='5,x': 'x' is not an integer"):
+        env.Knobs.from_env({"KVPARK_FAULT_STEP": "5,x"})
 
 
 @pytest.mark.parametrize("name", FAULT_KNOBS)

@@ -50,7 +50,8 @@ KNOBS: dict[str, Knob] = {
             "KVPARK_FAULT_STEP",
             "0",
             "The Nth step that runs the model (counted from 1) raises a RuntimeError from the "
-            "runner, as a model bug would (0: off).",
+            "runner, as a model bug would; a comma list (5,40,41) fails each of those steps "
+            "(0: off).",
             test_only=True,
         ),
         Knob(
@@ -128,7 +129,7 @@ class Knobs:
     gc_freeze: bool = True
     release_gpu_libs: bool = True
     # the step (1-based, steps that run the model) each fault hits; 0: never
-    fault_step: int = 0
+    fault_step: frozenset[int] = frozenset()  # KVPARK_FAULT_STEP may name several
     fault_panic: int = 0
     fault_wedge: int = 0
     fault_die: int = 0
@@ -145,7 +146,7 @@ class Knobs:
             preempt_planner=planner == "on",
             gc_freeze=_bool_knob("KVPARK_GC_FREEZE", environ),
             release_gpu_libs=_bool_knob("KVPARK_RELEASE_GPU_LIBS", environ),
-            fault_step=_count_knob("KVPARK_FAULT_STEP", environ),
+            fault_step=_steps_knob("KVPARK_FAULT_STEP", environ),
             fault_panic=_count_knob("KVPARK_FAULT_PANIC", environ),
             fault_wedge=_count_knob("KVPARK_FAULT_WEDGE", environ),
             fault_die=_count_knob("KVPARK_FAULT_DIE", environ),
@@ -162,6 +163,22 @@ def _count_knob(name: str, environ: Mapping[str, str] | None) -> int:
     if value < 0:
         raise ValueError(f"{name}={value} must be >= 0")
     return value
+
+
+def _steps_knob(name: str, environ: Mapping[str, str] | None) -> frozenset[int]:
+    """A comma list of step numbers (each >= 1; ``0`` alone: none)."""
+    text = raw(name, environ)
+    steps: set[int] = set()
+    for part in text.split(","):
+        try:
+            step = int(part)
+        except ValueError:
+            raise ValueError(f"{name}={text!r}: {part!r} is not an integer") from None
+        if step < 0:
+            raise ValueError(f"{name}={step} must be >= 0")
+        steps.add(step)
+    steps.discard(0)
+    return frozenset(steps)
 
 
 def _bool_knob(name: str, environ: Mapping[str, str] | None) -> bool:

@@ -80,7 +80,7 @@ class StepWatch:
         self.in_step = {by_seq[i.seq_id][0].request_id for i in plan.items if i.seq_id in by_seq}
         self.steps += 1
         n, k = self.steps, self._knobs
-        if n == k.fault_step:
+        if n in k.fault_step:
             raise RuntimeError(f"KVPARK_FAULT_STEP={n}: the model failed in this step")
         if n == k.fault_panic:
             raise panic_exception()(f"KVPARK_FAULT_PANIC={n}: a panic in this step")

@@ -58,7 +58,7 @@ def _builder(body: ResponsesBody, req: GenerationRequest, answering: Answering) 
 def _framing(builder: ResponsesBuilder) -> Framing:
     return Framing(
         frame=typed_frame,
-        error=lambda error: typed_frame(builder.error_event(error)),
+        error=lambda error: b"".join(map(typed_frame, builder.failed_events(error))),
         done=b"",
     )
 

@@ -10,7 +10,9 @@ Every event carries ``sequence_number`` (0, 1, ...). The stream opens with ``res
 and ``response.in_progress`` (on its first token: a refusal before it is still a plain 4xx) and
 closes with ``response.completed``, or ``response.incomplete`` when the output ran into
 ``max_output_tokens``; that last object carries ``usage``, ``timings`` and the ``preempt`` record
-(docs/server.md, "Streams") as the chat route's last chunk does.
+(docs/server.md, "Streams") as the chat route's last chunk does. A failure after the first event
+(a failed engine step, a drain that ran out of time) closes it with an ``error`` event and then
+``response.failed``, whose response has ``status: "failed"`` and ``error: {code, message}``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from kvpark.engine.outputs import FinishedEvent, TokenEvent
 from kvpark.server.errors import APIError
 from kvpark.server.responses import JSON, Tally
 from kvpark.server.tools import TextDelta, ToolCallDelta, ToolCallParser
+
+
+def _error_code(error: APIError) -> str:
+    """The response's ``error.code`` in OpenAI's words (its ``ResponseError`` codes)."""
+    if error.status == 429:
+        return "rate_limit_exceeded"
+    return "server_error" if error.status >= 500 else "invalid_prompt"
 
 
 def _item_id(prefix: str) -> str:
@@ -121,11 +130,15 @@ class ResponsesBuilder:
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
         return [*events, self._event(kind, response=final)]
 
-    def error_event(self, error: APIError) -> JSON:
-        """An in-stream failure (after the first event): the Responses ``error`` event."""
-        return self._event(
+    def failed_events(self, error: APIError) -> list[JSON]:
+        """An in-stream failure (after the first event): the ``error`` event, then
+        ``response.failed`` with the response as far as it got."""
+        event = self._event(
             "error", code=str(error.status), message=error.message, param=error.param
         )
+        failed = self.response("failed")
+        failed["error"] = {"code": _error_code(error), "message": error.message}
+        return [event, self._event("response.failed", response=failed)]
 
     # -- objects out ----------------------------------------------------------------------------
 
@@ -133,10 +146,11 @@ class ResponsesBuilder:
         """The response object: the whole answer, or (``status`` given) its state so far."""
         if status is None:
             status = "completed" if self.finish_reason in (None, "stop") else "incomplete"
-        final = status in ("completed", "incomplete")
-        output = [item.item("completed" if final else "in_progress") for item in self.items]
-        if status == "incomplete" and output:
-            output[-1]["status"] = "incomplete"  # the item the length limit cut short
+        final = status in ("completed", "incomplete")  # the engine's tally is in
+        ended = final or status == "failed"
+        output = [item.item("completed" if ended else "in_progress") for item in self.items]
+        if status in ("incomplete", "failed") and output:
+            output[-1]["status"] = "incomplete"  # the item the length limit (or failure) cut short
         texts = [item.text for item in self.items if isinstance(item, MessageOut)]
         obj: JSON = {
             "id": self.response_id,
