@@ -143,3 +143,33 @@ def test_abort_releases_everything() -> None:
     assert sched.pool.cells_used() == 0
     assert not sched.has_work
     sched.pool.check_integrity()
+
+
+def test_admission_counts_the_fork_copies_of_a_whole_prompt() -> None:
+    # prompt 20 of n=3 on 16-cell pages: 2 pages, then a copy of the partial page per child
+    alone = make(kv_cells=48, budget=64)
+    alone.add(request("a", 20, n=3))
+    plan, outcome = alone.schedule()
+    assert plan.empty and [r.request_id for r in outcome.failed] == ["a"]
+    beside = make(kv_cells=96, budget=64)
+    beside.add(request("a", 30))
+    plan, _ = beside.schedule()
+    advance(beside, plan)
+    beside.add(request("b", 20, n=3))  # 4 pages and a page of headroom for a: 80 > 64 free
+    beside.schedule()
+    assert [r.request_id for r in beside.waiting] == ["b"]
+
+
+def test_the_last_chunk_of_an_n_prompt_reports_the_fork_pages_it_lacks() -> None:
+    sched = make(kv_cells=96, budget=32)
+    sched.add(request("a", 30))
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    sched.add(request("b", 40, n=3))
+    plan, _ = sched.schedule()
+    assert [len(i.token_ids) for i in plan.items] == [1, 31]
+    advance(sched, plan)
+    # b's last 9 rows take a third page and each child a copy of it: 48 cells, 32 free
+    plan, outcome = sched.schedule(report_shortfall=True)
+    assert plan.empty and outcome.shortfall == 16
+    sched.pool.check_integrity()

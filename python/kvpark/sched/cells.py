@@ -51,13 +51,27 @@ class StepCells:
     def decode_shortfall(
         self, rows: dict[int, int], by_seq: dict[int, tuple[Request, Sequence]]
     ) -> int:
-        """The cells this step's decodes (the sequences ``rows`` gives one row) lack."""
-        pages = sum(
-            self.pool.pages_needed(seq_id, by_seq[seq_id][1].num_computed + 1)
-            for seq_id, n in rows.items()
-            if n == 1 and by_seq[seq_id][1].pending_rows == 1
-        )
+        """The cells this step's decodes (the sequences ``rows`` gives one row) lack, and the
+        pages an ``n > 1`` prompt finishing this step needs when it forks."""
+        pages = 0
+        for seq_id, n in rows.items():
+            req, seq = by_seq[seq_id]
+            if n == 1 and seq.pending_rows == 1:
+                pages += self.pool.pages_needed(seq_id, seq.num_computed + 1)
+            elif n == seq.pending_rows and len(req.sequences) < req.params.n:
+                pages += self._fork_pages(req, seq)
         return max(0, pages * self.page_size - self.pool.cells_free())
+
+    def _fork_pages(self, req: Request, seq: Sequence) -> int:
+        """Pages the last prompt chunk and the fork after it take."""
+        copies = self.fork_copy_cells(req.params.n - len(req.sequences) + 1, len(seq.tokens))
+        return self.pool.pages_needed(seq.seq_id, len(seq.tokens)) + copies // self.page_size
+
+    def fork_copy_cells(self, n: int, prompt_len: int) -> int:
+        """Cells the fork of a ``prompt_len`` prompt into ``n`` choices copies: each child takes
+        a private copy of a partly used last page (without them the fork would fail after the
+        step ran)."""
+        return (n - 1) * self.page_size if prompt_len % self.page_size else 0
 
     def export(self, items: list[StepItem], copies: list[tuple[int, int]]) -> StepPlan:
         """The step's plan: its rows' slot mapping and page tables, and the page copies (of forks)

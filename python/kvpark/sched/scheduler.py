@@ -206,6 +206,8 @@ class Scheduler(Parks):
             hit, _ = self.pool.cached_prefix(prompt, reusable, salt)
             rows = min(len(prompt) - hit, budget)
             need = self.pool.cells_to_admit(prompt, reusable, hit + rows, salt)
+            if hit + rows == len(prompt):  # the whole prompt this step: its fork copies too
+                need += self.cells.fork_copy_cells(req.params.n, len(prompt))
             if not self.cells.admission_fits(need, self.running):
                 if not self.running and not items:
                     self.waiting.pop_head()
