@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -38,13 +38,18 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> 
 
 @contextlib.contextmanager
 def managed_server(
-    cmd: list[str], ready_url: str, log_path: Path, timeout_s: float = 300.0
+    cmd: list[str],
+    ready_url: str,
+    log_path: Path,
+    timeout_s: float = 300.0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` (output to ``log_path``) until the block ends; it must answer ``ready_url``."""
+    """Run ``cmd`` (output to ``log_path``; ``env`` replaces the environment when given) until
+    the block ends; it must answer ``ready_url``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
     try:
         wait_ready(ready_url, process, timeout_s)

@@ -126,6 +126,10 @@ class EngineThread:
             return
         for job in self._embeds:  # shutdown: nobody is left to run them
             job.settle(RuntimeError("the engine stopped"))
+        try:  # the pool as serving left it, checked once more (the soak reads this line)
+            check_pool(self._engine, "serving (shutdown)")
+        except BaseException as e:
+            log.critical("%s", e)
         self._engine.close()  # shutdown: copies in flight land, then every cell and buffer is freed
 
     def _serve(self, engine: LLMEngine, watch: StepWatch) -> None:
