@@ -28,8 +28,10 @@ def test_a_suite_runs_when_its_scenario_has_no_url() -> None:
     assert suite_of(["--scenario", "multiturn", "--url", "http://h:1"]) is None  # load generator
     assert suite_of(["--scenario", "sweep"]) is None and suite_of([]) is None
     assert suite_of(["--scenario", "exact-cost", "--url", "http://h:1"]) == "exact-cost"
+    assert suite_of(["--scenario", "soak", "--requests", "8"]) == "soak"
     expected = {
         "cpu-comparison", "quant-types", "pressure", "multiturn", "exact-cost", "serving-overhead",
+        "soak",
     }  # fmt: skip
     assert expected | set(SCRIPTS) == set(SUITES)
 
