@@ -1,21 +1,24 @@
 """An 8 MiB JSON body does not stall the streams beside it (docs/server.md, "Limits"): a body that
-large is parsed off the event loop, interruptibly (server/body_thread.py). A stream's inter-token
+large is parsed off the event loop, interruptibly (server/body_thread.py), and a long prompt is
+tokenized on a worker thread with the GIL released (tokenizer.py). A stream's inter-token
 gaps while such bodies arrive stay within a few milliseconds of its gaps just before, measured in
 the same test (the C parser on the loop would add one gap of a few hundred milliseconds).
 (On two shared cores the parse thread's CPU still shows: tens of ms, not a few.)
 The bodies are structure-heavy (a million short strings, the slowest kind to parse) and end in a
 lone surrogate, so each is answered 400 naming its field right after the parse: what is timed is
-the parse, not a model call."""
+the parse, not a model call. The other kind is one 8 MiB prompt, refused as longer than the model's
+context once it is tokenized (~1 s of tokenizer per MiB, all of it once holding the GIL)."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -28,6 +31,9 @@ TOKENS = 400
 # tens of ms on two busy cores, the parse thread's share of the CPU, not the GIL
 WORST_TIMES = 3.0
 SLACK_S = 0.030
+MAX_MODEL_LEN = 4096  # the default model's context
+OVER_CONTEXT = "a fox " * 100_000  # 200,001 tokens: counted on its head alone
+USER_TURN = {"role": "user", "content": OVER_CONTEXT}
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +41,16 @@ def server() -> Iterator[Server]:
     yield from serve_for_module()
 
 
-def large_body() -> bytes:
+def structure_heavy_body() -> bytes:
     items = (BODY_BYTES - 100) // len('"ab", ')
     body = json.dumps({"prompt": "hi", "pad": ["ab"] * items, "bad": "\ud800"}).encode()
+    assert BODY_BYTES * 0.9 < len(body) <= BODY_BYTES
+    return body
+
+
+def long_prompt_body() -> bytes:
+    sentence = "Once upon a time a fox and a crow shared one small pool. "
+    body = json.dumps({"prompt": sentence * ((BODY_BYTES - 100) // len(sentence))}).encode()
     assert BODY_BYTES * 0.9 < len(body) <= BODY_BYTES
     return body
 
@@ -57,8 +70,11 @@ def post_bodies(server: Server, body: bytes, statuses: list[str], stop: threadin
             statuses.append(done.stdout.decode())
 
 
-def test_an_8_mib_body_does_not_stall_a_stream(server: Server) -> None:
-    body = large_body()  # serialised before anything is timed: the client's own GIL
+@pytest.mark.parametrize("make_body", [structure_heavy_body, long_prompt_body])
+def test_an_8_mib_body_does_not_stall_a_stream(
+    server: Server, make_body: Callable[[], bytes]
+) -> None:
+    body = make_body()  # serialised before anything is timed: the client's own GIL
     request = {
         "prompt": "Once upon a time",
         "max_tokens": TOKENS,
@@ -86,3 +102,30 @@ def test_an_8_mib_body_does_not_stall_a_stream(server: Server) -> None:
     worst_before, worst_during = max(before), max(during)
     shown = f"worst gap {worst_before * 1e3:.1f} ms before, {worst_during * 1e3:.1f} ms during"
     assert worst_during <= WORST_TIMES * worst_before + SLACK_S, shown
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "body"),
+    [
+        ("/v1/completions", "prompt", {"prompt": OVER_CONTEXT}),
+        ("/v1/chat/completions", "messages", {"messages": [USER_TURN]}),
+        ("/v1/embeddings", "input", {"input": OVER_CONTEXT}),
+    ],
+)  # fmt: skip
+def test_a_text_over_the_context_is_a_400_that_counts_its_tokens(
+    server: Server, path: str, field: str, body: dict[str, object]
+) -> None:
+    """Refused as soon as the tokenizer's count is known (before its ids become a Python list),
+    with the context-size error every route uses, naming the field as its API names it."""
+    with server.client() as http:
+        response = http.post(path, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["type"], error["param"]) == ("exceed_context_size_error", field), error
+        counted = re.search(
+            r"However, your prompt has more: (\d+) tokens in its first", error["message"]
+        )
+        assert counted is not None and int(counted.group(1)) > MAX_MODEL_LEN, error
+        assert (
+            http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+        )

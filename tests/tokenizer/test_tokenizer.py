@@ -10,7 +10,7 @@ import pytest
 
 from kvpark.model.gguf_loader import GgufFile
 from kvpark.tokenizer.detokenizer import IncrementalDetokenizer
-from kvpark.tokenizer.tokenizer import Tokenizer
+from kvpark.tokenizer.tokenizer import PromptTooLong, Tokenizer
 
 TEXTS = [
     "",
@@ -231,3 +231,27 @@ def test_sentencepiece_vocab_matches_transformers() -> None:
     assert ours.encode("hello")[0] == 1  # llama vocabularies add BOS by default
     assert ours.eos_ids == {2}
     assert ours.token_to_str(ours.encode("hello world", add_special_tokens=False)[-1]) == " world"
+
+
+def test_a_limit_refuses_a_longer_text_and_keeps_a_shorter_one_whole(ours: Tokenizer) -> None:
+    text = "Once upon a time a fox and a crow shared one small pool. " * 20
+    ids = ours.encode(text)
+    assert ours.encode(text, limit=len(ids)) == ids
+    with pytest.raises(PromptTooLong) as refused:
+        ours.encode(text, limit=len(ids) - 1)
+    assert (refused.value.tokens, refused.value.limit) == (len(ids), len(ids) - 1)
+
+
+def test_a_text_far_over_the_limit_is_refused_on_its_head(ours: Tokenizer) -> None:
+    """Counted on its first part only, which already holds more tokens than the limit; a text
+    just over the limit is counted whole."""
+    sentence = "Once upon a time a fox and a crow shared one small pool. "
+    with pytest.raises(PromptTooLong) as refused:
+        ours.encode(sentence * 20_000, limit=1000)
+    head = refused.value.counted_chars
+    assert head is not None and head < len(sentence) * 20_000
+    assert refused.value.tokens == len(ours.encode((sentence * 20_000)[:head])) > 1000
+    whole = sentence * 1_000  # under the head's 65536 characters: counted whole
+    with pytest.raises(PromptTooLong) as refused:
+        ours.encode(whole, limit=1000)
+    assert (refused.value.counted_chars, refused.value.tokens) == (None, len(ours.encode(whole)))

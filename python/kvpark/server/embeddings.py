@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from kvpark.engine.llm_engine import RequestRejected
 from kvpark.server.disconnect import unless_disconnected
 from kvpark.server.errors import APIError, bad_request
+from kvpark.server.prompts import encode_within
 from kvpark.server.schema import Body, parse_body
 
 if TYPE_CHECKING:
@@ -77,13 +78,13 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _prompts(body: EmbeddingsBody, tokenizer: Tokenizer) -> list[list[int]]:
-    """One token-id list per input, in order."""
+def _prompts(body: EmbeddingsBody, tokenizer: Tokenizer, max_model_len: int) -> list[list[int]]:
+    """One token-id list per input, in order; a text over ``max_model_len`` tokens is refused."""
     value = body.input
     if isinstance(value, str):
-        return [tokenizer.encode(value, add_special_tokens=True)]
+        return [encode_within(tokenizer, value, True, max_model_len, "input")]
     if all(isinstance(v, str) for v in value):
-        return [tokenizer.encode(str(v), add_special_tokens=True) for v in value]
+        return [encode_within(tokenizer, str(v), True, max_model_len, "input") for v in value]
     if all(isinstance(v, int) for v in value):
         return [[int(v) for v in value if isinstance(v, int)]]
     return [list(v) for v in value if isinstance(v, list)]
@@ -106,7 +107,7 @@ async def create_embeddings(
     body = parse_body(EmbeddingsBody, raw)
     check_model(body.model)
     # tokenizing many long inputs takes a while: off the event loop
-    prompts = await run_in_threadpool(_prompts, body, engine.tokenizer)
+    prompts = await run_in_threadpool(_prompts, body, engine.tokenizer, engine.max_model_len)
     try:
         engine.check_embedding(prompts)
         # a full wait queue (--max-waiting) is decided on the engine thread: the job's 503

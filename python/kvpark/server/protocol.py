@@ -27,7 +27,7 @@ from kvpark.server.openai_bodies import (
 )
 from kvpark.server.openai_constraints import body_constraint
 from kvpark.server.openai_refusals import refuse_chat, refuse_completion
-from kvpark.server.prompts import completion_prompts
+from kvpark.server.prompts import completion_prompts, encode_within
 from kvpark.server.schema import Body, validation_error
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ class TokenizerLike(Protocol):
     @property
     def chat_template(self) -> str | None: ...
 
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def encode(
+        self, text: str, add_special_tokens: bool = ..., limit: int | None = ...
+    ) -> list[int]: ...
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = ...) -> str: ...
 
@@ -106,7 +108,7 @@ def parse_chat(
         )
     except Exception as exc:  # the template's raise_exception: alternating roles and the like
         raise bad_request(f"the chat template refused the messages: {exc}", "messages") from None
-    prompt = tokenizer.encode(text, add_special_tokens=False)
+    prompt = encode_within(tokenizer, text, False, max_model_len, "messages")
     max_tokens = chat.max_completion_tokens
     if max_tokens is None:
         max_tokens = chat.max_tokens
@@ -121,7 +123,9 @@ def parse_completion(
 ) -> GenerationRequest:
     completion = parse_openai_body(CompletionBody, body)
     refuse_completion(completion)
-    prompts, texts = completion_prompts(completion.prompt, completion.suffix, tokenizer)
+    prompts, texts = completion_prompts(
+        completion.prompt, completion.suffix, tokenizer, max_model_len
+    )
     request = _request(
         "completion",
         completion,

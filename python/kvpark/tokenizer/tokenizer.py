@@ -39,6 +39,27 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
 
 
+class PromptTooLong(ValueError):
+    """A text that encodes to more than the caller's limit of tokens: ``tokens`` of them in its
+    first ``counted_chars`` characters, or in the whole text when that is None."""
+
+    def __init__(self, tokens: int, limit: int, counted_chars: int | None = None) -> None:
+        where = "" if counted_chars is None else f" in its first {counted_chars} characters"
+        super().__init__(f"{tokens} tokens{where}, over the limit of {limit}")
+        self.tokens = tokens
+        self.limit = limit
+        self.counted_chars = counted_chars
+
+
+# A text over this many characters per token of the limit is first counted on its head alone:
+# English runs ~4 characters a token, Chinese ~1.5, dense code ~8, so the head is well over
+# any limit such a text exceeds.
+PROBE_CHARS_PER_TOKEN = 16
+PROBE_MIN_CHARS = 65536
+# The head ends at a space, so its last word is whole; a margin still allows for the edge
+PROBE_MARGIN_TOKENS = 8
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -69,19 +90,45 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, limit: int | None = None
+    ) -> list[int]:
         """Special tokens written in the text (``<|im_start|>``) encode as themselves.
 
         add_special_tokens adds what the model adds to a prompt (its BOS), but no second BOS to a
         text that starts with one: a rendered chat template (Gemma's, Llama's write ``<bos>``)
         sent as a completion prompt. llama.cpp drops a template's leading BOS for this reason;
-        two in a row are a prompt the model never saw in training."""
-        enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        two in a row are a prompt the model never saw in training.
+
+        Encoded through ``encode_batch``, which releases the GIL (``encode`` holds it, ~1 s per
+        MiB of text): a long prompt tokenized on a worker thread leaves the streams running.
+        Past ``limit`` tokens it raises :class:`PromptTooLong`, and a text far longer than the
+        limit is counted on its head only (:meth:`_refuse_by_head`): tokenizers' result holds
+        every token's string, and freeing it holds the GIL (~0.4 s for 2 million tokens, an
+        8 MiB prompt), as turning its ids into a Python list does (~50 ms)."""
+        if limit is not None:
+            self._refuse_by_head(text, add_special_tokens, limit)
+        enc = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        if limit is not None and len(enc) > limit:
+            raise PromptTooLong(len(enc), limit)
         ids = list(enc.ids)
         mask = enc.special_tokens_mask  # 1 for what the post-processor added, 0 for the text's
         if len(ids) > 1 and ids[0] == ids[1] == self.bos_id and mask[0] and not mask[1]:
             del ids[0]
         return ids
+
+    def _refuse_by_head(self, text: str, add_special_tokens: bool, limit: int) -> None:
+        """Raise :class:`PromptTooLong` when the head of a text far longer than ``limit`` tokens
+        already holds more. Normalizers and pre-tokenizers act locally, so the head, cut at a
+        space, encodes as the text's first part does: no more tokens than the whole has."""
+        probe = max(PROBE_MIN_CHARS, PROBE_CHARS_PER_TOKEN * limit)
+        if len(text) <= probe:
+            return
+        space = text.rfind(" ", probe // 2, probe)
+        head = text[: space if space > 0 else probe]
+        tokens = len(self.backend.encode_batch([head], add_special_tokens=add_special_tokens)[0])
+        if tokens > limit + PROBE_MARGIN_TOKENS:
+            raise PromptTooLong(tokens, limit, len(head))
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
