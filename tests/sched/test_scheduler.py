@@ -173,3 +173,39 @@ def test_the_last_chunk_of_an_n_prompt_reports_the_fork_pages_it_lacks() -> None
     plan, outcome = sched.schedule(report_shortfall=True)
     assert plan.empty and outcome.shortfall == 16
     sched.pool.check_integrity()
+
+
+def test_a_family_short_of_a_cell_sits_the_step_out_while_others_run() -> None:
+    # 4 pages of 16: a (lone) and b (n=2) each hold a 16-row prompt page; the next decodes want
+    # 3 new pages and 2 are free: a takes one, b's first choice the other, its second none
+    sched = make(kv_cells=64, page_size=16, budget=64)
+    sched.add(request("a", 16, max_tokens=32))
+    sched.add(request("b", 16, n=2, max_tokens=32))
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    a, b = sched.running
+    plan, outcome = sched.schedule()
+    assert outcome.failed == []
+    assert [i.seq_id for i in plan.items] == [a.sequences[0].seq_id]  # no row of b's
+    assert len(plan.slot_mapping) == 1
+    sched.pool.check_integrity()
+    advance(sched, plan)
+    sched.release(a)  # a finishes: its pages come back and b's choices both draw
+    plan, outcome = sched.schedule()
+    assert outcome.failed == []
+    assert sorted(i.seq_id for i in plan.items) == sorted(s.seq_id for s in b.sequences)
+    sched.pool.check_integrity()
+
+
+def test_when_nothing_can_run_the_newest_stalled_request_fails() -> None:
+    # two pages: b's shared prompt page and one more, but its two choices each want a page
+    sched = make(kv_cells=32, page_size=16, budget=64)
+    sched.add(request("b", 16, n=2, max_tokens=32))
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    plan, outcome = sched.schedule()
+    assert plan.empty
+    assert [r.request_id for r in outcome.failed] == ["b"]
+    assert sched.pool.cells_used() == 0
+    assert not sched.has_work
+    sched.pool.check_integrity()

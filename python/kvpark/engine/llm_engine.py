@@ -160,6 +160,11 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    @property
+    def request_ids(self) -> list[str]:
+        """Every request in the engine, from its add until it finishes, fails or is aborted."""
+        return list(self._requests)
+
     # ----------------------------------------------------------------- one step
     def step(self) -> dict[str, list[StreamEvent]]:
         events = Events()

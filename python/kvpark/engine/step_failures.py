@@ -38,6 +38,7 @@ def fail_step(
     in_step = watch.in_step
     if in_step is None:  # it raised before its plan was out: those that hold cells
         in_step = {req.request_id for req in engine.scheduler.running}
+    in_step = set(in_step) | orphans(engine)
     failed = sorted(in_step)
     log.error(
         "a step failed (%s: %s); failing the %d request(s) in it: %s",
@@ -56,6 +57,18 @@ def fail_step(
         events[request_id] = [ErrorEvent(STEP_FAILED, 500)]
     check_pool(engine, "a failed step")
     return {**lost_notices(engine, watch.parks_before), **events}
+
+
+def orphans(engine: LLMEngine) -> set[str]:
+    """Requests the engine serves that no scheduler group holds: the failed step released them
+    (a scheduling decision it raised before reporting) and nobody has told their clients."""
+    sched = engine.scheduler
+    held = {
+        r.request_id
+        for g in (sched.waiting, sched.running, sched.parked, sched.transferring)
+        for r in g
+    }
+    return {rid for rid in engine.request_ids if rid not in held}
 
 
 def lost_notices(

@@ -74,8 +74,8 @@ class Preemption:
         """Make this step fit: the one owner of the schedule <-> relieve rounds. Parks and resumes
         first (every request is at a token boundary), then the batch; while its decodes lack
         cells, park a victim (one a round, at most ``MAX_RELIEF_ROUNDS``) and build it again; if
-        nobody can go, the batch that fails whoever cannot continue. Each round computes the next
-        rows once, for the planner's views and the scheduler alike. ``drop`` releases a request
+        nobody can go, the batch in which whoever lacks a cell waits (``Scheduler.schedule``).
+        Each round computes the next rows once, for the planner's views and the scheduler alike. ``drop`` releases a request
         the planner failed (the engine owns its per-request state)."""
         self._before_step(events)
         for req in self.failed:
@@ -88,7 +88,7 @@ class Preemption:
                 break
             rows = self.scheduler.next_rows()
             plan, outcome = self.scheduler.schedule(report_shortfall=True, rows=rows)
-        if outcome.shortfall > 0:  # nobody can be parked: fail who cannot continue
+        if outcome.shortfall > 0:  # nobody can be parked: who lacks a cell waits (or fails)
             plan, outcome = self.scheduler.schedule(rows=rows)
         return plan, outcome
 

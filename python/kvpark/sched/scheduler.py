@@ -164,7 +164,10 @@ class Scheduler(Parks):
     ) -> tuple[StepPlan, StepOutcome]:
         """Reserve cells and build the step from ``rows`` (None: :meth:`next_rows` now). With
         ``report_shortfall``, decodes that do not fit return an empty plan and the missing cells
-        instead of failing requests (preemption then parks victims and asks again)."""
+        instead (preemption then parks victims and asks again). Without it, a request whose
+        decode finds no cell sits the step out while others run and free cells (a family, which
+        cannot park, or anyone with preemption off); only when nothing else can run does the
+        newest such request fail."""
         outcome = StepOutcome()
         rows = self.next_rows() if rows is None else rows
         if report_shortfall:
@@ -172,15 +175,17 @@ class Scheduler(Parks):
             if outcome.shortfall > 0:
                 return self._export([]), outcome
         items: list[StepItem] = []
-        for req in list(self.running):
+        stalled: list[Request] = []  # a decode found no cell: the request sits this step out
+        for req in self.running:
+            decodes = []
             for seq in req.live_sequences:
-                want = rows.get(seq.seq_id, 0)
-                if want == 1 and seq.pending_rows == 1:
+                if rows.get(seq.seq_id, 0) == 1 and seq.pending_rows == 1:
                     if not self.cells.reserve(seq, 1):
-                        outcome.failed.append(req)  # a real overflow: nobody can make room
-                        self.release(req)
+                        stalled.append(req)  # all its choices wait: they draw in lockstep
                         break
-                    items.append(step_item(seq, 1))
+                    decodes.append(step_item(seq, 1))
+            else:
+                items += decodes
         budget = self.config.max_batch_tokens - len(items)
         for req in self.running:
             seq = req.sequences[0]
@@ -190,7 +195,13 @@ class Scheduler(Parks):
                 if got > 0:
                     items.append(step_item(seq, got))
                     budget -= got
-        self._admit(items, budget, outcome)
+        if not stalled:  # a newcomer would take the cells a stalled decode waits for
+            self._admit(items, budget, outcome)
+        elif not items and not self.transferring:
+            # a real overflow: nothing runs that could free a cell, so the newest stalled
+            # request fails and the others wait for its cells
+            outcome.failed.append(stalled[-1])
+            self.release(stalled[-1])
         return self._export(items), outcome
 
     def _admit(self, items: list[StepItem], budget: int, outcome: StepOutcome) -> None:
