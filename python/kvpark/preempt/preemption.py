@@ -75,8 +75,9 @@ class Preemption:
         first (every request is at a token boundary), then the batch; while its decodes lack
         cells, park a victim (one a round, at most ``MAX_RELIEF_ROUNDS``) and build it again; if
         nobody can go, the batch in which whoever lacks a cell waits (``Scheduler.schedule``).
-        Each round computes the next rows once, for the planner's views and the scheduler alike. ``drop`` releases a request
-        the planner failed (the engine owns its per-request state)."""
+        Each round computes the next rows once, for the planner's views and the scheduler alike.
+        ``drop`` releases a request the planner failed (the engine owns its per-request
+        state)."""
         self._before_step(events)
         for req in self.failed:
             drop(req)
