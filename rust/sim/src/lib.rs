@@ -26,8 +26,9 @@
 //!   generated tokens; `resume_cells` is the restored cells plus the next rows (swap) or all the
 //!   tokens to replay (recompute);
 //! - a reservation that fails anyway (the lookahead off, or families only) parks by
-//!   [`choose_victims`](kvpark_core::choose_victims), else fails the request with the context
-//!   error.
+//!   [`choose_victims`](kvpark_core::choose_victims); with no victim the request sits the step
+//!   out while the others run, and only when no row runs at all does the newest such request
+//!   fail with the context error.
 //!
 //! With the prefix cache on ([`SimConfig::prefix_cache`]) requests draw prompts from a few
 //! shared streams, admissions and resumes take what is cached (`match_prefix`; a swap copies

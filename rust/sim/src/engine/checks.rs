@@ -57,13 +57,17 @@ impl Sim {
         Ok(())
     }
 
-    /// Reserves every scheduled row. A reservation that fails parks by `choose_victims`, else
-    /// fails the request with the context error.
+    /// Reserves every scheduled row. A reservation that fails parks by `choose_victims`; with
+    /// no victim the request sits the step out (its rows wait; a family, which is never parked,
+    /// or anyone with the lookahead finding none) while the others run and free cells. Only
+    /// when no row runs at all does the newest such request fail with the context error: the
+    /// Python scheduler's rule (`Scheduler.schedule`).
     pub(super) fn reserve_rows(&mut self) -> Result<(), Violation> {
+        let mut stalled: Vec<usize> = Vec::new();
         loop {
             let order = self.running();
             let mut failed = None;
-            for &i in &order {
+            for &i in order.iter().filter(|i| !stalled.contains(i)) {
                 for s in &self.reqs[i].seqs {
                     if self.pool.reserve(s.id, s.computed + s.rows).is_err() {
                         failed = Some(i);
@@ -75,7 +79,7 @@ impl Sim {
                 }
             }
             let Some(i) = failed else {
-                return Ok(());
+                return self.settle_stalled(&stalled);
             };
             let views = self.views();
             let ram = RamView {
@@ -87,20 +91,12 @@ impl Sim {
                 Err(e) => return self.fail(format!("choose_victims failed: {e}")),
             };
             if actions.is_empty() {
-                let r = &self.reqs[i];
-                if !r.family() && r.peak_cells(self.cfg.page_size) <= self.cfg.n_cells {
-                    let running = order.len();
-                    let families = order.iter().filter(|&&j| self.reqs[j].family()).count();
-                    if running - families > 1 {
-                        return self.fail(format!(
-                            "context error for request {}, which fits alone, beside {} others",
-                            r.id,
-                            running - 1
-                        ));
-                    }
+                // The rows of a request that sits out wait; cells its earlier sequences took
+                // stay reserved for the next step, as the Python scheduler's do.
+                for s in &mut self.reqs[i].seqs {
+                    s.rows = 0;
                 }
-                self.report.fails += 1;
-                self.end(i, Outcome::ContextError);
+                stalled.push(i);
                 continue;
             }
             for action in actions {
@@ -111,6 +107,36 @@ impl Sim {
             }
             self.check_ram()?;
         }
+    }
+
+    /// After the reservations: if requests sat out and no row runs, the newest of them fails
+    /// (a real overflow: nothing else can free a cell), which must not be a request that fits
+    /// the pool alone beside other parkable ones.
+    fn settle_stalled(&mut self, stalled: &[usize]) -> Result<(), Violation> {
+        let running = self.running();
+        let rows_run = running
+            .iter()
+            .any(|&j| self.reqs[j].seqs.iter().any(|s| s.rows > 0));
+        let Some(&i) = stalled.iter().max_by_key(|&&j| self.reqs[j].arrival) else {
+            return Ok(());
+        };
+        if rows_run {
+            return Ok(());
+        }
+        let r = &self.reqs[i];
+        if !r.family() && r.peak_cells(self.cfg.page_size) <= self.cfg.n_cells {
+            let families = running.iter().filter(|&&j| self.reqs[j].family()).count();
+            if running.len() - families > 1 {
+                return self.fail(format!(
+                    "context error for request {}, which fits alone, beside {} others",
+                    r.id,
+                    running.len() - 1
+                ));
+            }
+        }
+        self.report.fails += 1;
+        self.end(i, Outcome::ContextError);
+        Ok(())
     }
 
     /// Computes the rows, samples where a sequence caught up, forks families after the prompt,
