@@ -11,6 +11,12 @@ row's bits then depend only on the row.
 The weight is broadcast to the batch with a stride-0 ``expand``, never copied. The bias is added
 after the product, elementwise, so no GEMM ever folds it into its accumulator.
 
+On more than one torch thread (exact mode's dense CPU path runs on up to two) ``bmm`` is not
+enough: MKL splits a lone GEMM between the threads and a batch of them by batch element, and on
+some CPUs the two give other bits (an Intel Xeon with AVX-512: a [8, 576] x [576, 960] tile alone
+differs from the same tile beside another). There each tile is its own ``torch.mm`` of the one
+shape, which every call splits the same way.
+
 ROW_TILE is part of the numerics: changing it changes exact mode's bits (not their invariance).
 """
 
@@ -33,8 +39,15 @@ def tiled_linear(
     else:
         padded = x.new_zeros((tiles * ROW_TILE, n_in))
         padded[:rows] = x
-    out = torch.bmm(padded.view(tiles, ROW_TILE, n_in), weight.t().expand(tiles, n_in, n_out))
-    out = out.view(tiles * ROW_TILE, n_out)[:rows]
+    if torch.get_num_threads() > 1:
+        out = padded.new_empty((tiles * ROW_TILE, n_out))
+        for t in range(tiles):
+            at = slice(t * ROW_TILE, (t + 1) * ROW_TILE)
+            torch.mm(padded[at], weight.t(), out=out[at])
+    else:
+        batch = padded.view(tiles, ROW_TILE, n_in)
+        out = torch.bmm(batch, weight.t().expand(tiles, n_in, n_out)).view(-1, n_out)
+    out = out[:rows]
     if bias is not None:
         out = out + bias
     return out
