@@ -226,6 +226,18 @@ impl<'a> Output<'a> {
         // SAFETY: in bounds (checked), and each index is written by one thread only.
         unsafe { *self.ptr.add(i) = v }
     }
+
+    /// `y[i..i + values.len()] = values`, one bounds check for the run.
+    pub(crate) fn set_run(&self, i: usize, values: &[f32]) {
+        assert!(
+            i + values.len() <= self.len,
+            "output run {i}..{} out of {}",
+            i + values.len(),
+            self.len
+        );
+        // SAFETY: in bounds (checked), and each index is written by one thread only.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(i), values.len()) }
+    }
 }
 
 /// The threads the kernels use now ([`set_threads`]; 1 before it asks for more).

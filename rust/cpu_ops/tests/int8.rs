@@ -93,6 +93,39 @@ proptest! {
     }
 }
 
+/// Sixteen columns side by side (AVX-512 VNNI's `wide.rs`, from two rows): every kind, whole
+/// groups beside a tail of columns, tiles of four rows beside a remainder, a block count that
+/// leaves the eight lanes uneven, a longer row after a shorter one (the per-thread transposed
+/// group grows) and a shorter after it: the plain bits, on one thread and on three.
+#[test]
+fn sixteen_columns_side_by_side_give_the_plain_bits() {
+    let mut s = 11;
+    for kind in KINDS {
+        for (rows, n, blocks) in [
+            (2, 16, 1),
+            (5, 53, 13),
+            (7, 48, 65),
+            (3, 33, 18),
+            (9, 16, 7),
+        ] {
+            let k = blocks * BLOCK;
+            let m = matrix(kind, n, k, &mut s);
+            let x = activations(rows, k, STYLES, &mut s);
+            let mut scratch = I8Scratch::new();
+            let plain = product(&x, rows, m.view(), I8Kernel::Plain, &mut scratch);
+            for threads in [1, 3] {
+                set_threads(threads);
+                for kernel in I8Kernel::available() {
+                    let y = product(&x, rows, m.view(), kernel, &mut scratch);
+                    for (i, (a, b)) in y.iter().zip(&plain).enumerate() {
+                        assert!(same(*a, *b), "{kind:?} {kernel:?} rows {rows} n {n} blocks {blocks} output {i}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn the_short_forms_are_the_best_kernel() {
     let mut s = 3;

@@ -97,6 +97,8 @@ mod side_by_side_q8;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod wide;
 
 pub use scratch::{I8Scratch, QuantisedRow};
 
@@ -252,6 +254,9 @@ pub(crate) struct Activations<'a> {
     /// `[rows, padded]` f32: each block's `d` and `sum`, 0 in the padding.
     pub d: &'a [f32],
     pub sum: &'a [f32],
+    /// `[rows, padded]` f32: each block's `Σ q` over weights 0..16 and 16..32, 0 in the padding.
+    pub lo: &'a [f32],
+    pub hi: &'a [f32],
     pub rows: usize,
     pub k: usize,
     /// Blocks per row rounded up to a multiple of [`LANES`].
@@ -268,6 +273,18 @@ fn columns(
     cols: std::ops::Range<usize>,
     y: &Output,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
+        // whole groups of sixteen columns side by side, the rest column by column
+        let mut c = cols.start;
+        while c + wide::COLUMNS <= cols.end {
+            // SAFETY: the kernel runs here (matmul_i8 checked), the group lies inside the
+            // matrix and `a` was quantised for `w`.
+            unsafe { wide::group(a, w, c, y) };
+            c += wide::COLUMNS;
+        }
+        return columns_one_by_one(kernel, a, w, c..cols.end, y);
+    }
     #[cfg(target_arch = "x86_64")]
     if let Weights::Q4(q4) = w {
         if kernel != I8Kernel::Plain && side_by_side::takes(a.rows, &q4) {

@@ -17,6 +17,10 @@ pub struct I8Scratch {
     q: Vec<i8>,
     d: Vec<f32>,
     sum: Vec<f32>,
+    /// `[rows, padded]`: each block's `Σ q` over its weights 0..16 (`lo`) and 16..32 (`hi`),
+    /// exact, 0 in the padding (what `wide.rs` corrects Q6's two half sums by).
+    lo: Vec<f32>,
+    hi: Vec<f32>,
     /// One row's `q` laid out for `one_row.rs`; empty unless one row and a SIMD kernel.
     pairs: Vec<i8>,
     /// Whether one row takes `one_row.rs` (None: unless `KVPARK_CPU_ONE_ROW=off`).
@@ -65,6 +69,8 @@ impl I8Scratch {
         self.q.resize(rows * k, 0);
         self.d.resize(rows * padded, 0.0);
         self.sum.resize(rows * padded, 0.0);
+        self.lo.resize(rows * padded, 0.0);
+        self.hi.resize(rows * padded, 0.0);
         (self.rows, self.k) = (rows, k);
         for r in 0..rows {
             let (q, d, sum) = (
@@ -77,6 +83,7 @@ impl I8Scratch {
             d[k / BLOCK..].fill(0.0);
             sum[k / BLOCK..].fill(0.0);
         }
+        half_sums(&self.q, k, &mut self.lo, &mut self.hi);
         self.pairs.clear();
         #[cfg(target_arch = "x86_64")]
         if rows == 1
@@ -118,11 +125,32 @@ impl I8Scratch {
             q: &self.q[..self.rows * self.k],
             d: &self.d[..self.rows * padded],
             sum: &self.sum[..self.rows * padded],
+            lo: &self.lo[..self.rows * padded],
+            hi: &self.hi[..self.rows * padded],
             rows: self.rows,
             k: self.k,
             padded,
             pairs: &self.pairs,
         }
+    }
+}
+
+/// Each block's `Σ q` over its first and second 16 quants (`q` `[rows, k]`; `lo` and `hi`
+/// `[rows, padded]`, the padding set to 0): exact integers, in any order.
+fn half_sums(q: &[i8], k: usize, lo: &mut [f32], hi: &mut [f32]) {
+    let (blocks, padded) = (k / BLOCK, padded_blocks(k));
+    let half = |h: &[i8]| h.iter().map(|v| i32::from(*v)).sum::<i32>() as f32;
+    for (r, row) in q.chunks_exact(k).enumerate() {
+        let (lo, hi) = (
+            &mut lo[r * padded..][..padded],
+            &mut hi[r * padded..][..padded],
+        );
+        for (b, block) in row.chunks_exact(BLOCK).enumerate() {
+            lo[b] = half(&block[..BLOCK / 2]);
+            hi[b] = half(&block[BLOCK / 2..]);
+        }
+        lo[blocks..].fill(0.0);
+        hi[blocks..].fill(0.0);
     }
 }
 
