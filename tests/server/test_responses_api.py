@@ -10,6 +10,7 @@ disconnects in test_responses_api_parks.py.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -183,9 +184,8 @@ def test_stream_wire_format(server: Server) -> None:
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
-    ({"previous_response_id": "resp_123"}, "previous_response_id"),
-    ({"store": True}, "store"),
-    ({"background": True}, "background"),
+    ({"previous_response_id": "resp_123"}, "previous_response_id"),  # no such stored response
+    ({"background": True, "store": False}, "background"),  # it is read back by its id
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"top_logprobs": 2}, "top_logprobs"),
@@ -262,6 +262,15 @@ def streams(server: Server, baseline: str) -> None:
     assert "event: response.completed" in response.text or "response.incomplete" in response.text
 
 
+def in_background(server: Server, baseline: str) -> None:
+    queued = post(server, {**GREEDY, "background": True}).json()
+    assert queued["status"] in ("queued", "in_progress") and queued["background"] is True
+    url = f"{server.base_url}/v1/responses/{queued['id']}"
+    while (done := httpx.get(url, timeout=120).json())["status"] in ("queued", "in_progress"):
+        time.sleep(0.05)
+    assert done["output_text"] == baseline
+
+
 def top_p_keeps_the_top_token(server: Server, baseline: str) -> None:
     # temperature 1 samples; a top_p this small leaves the one likeliest token: greedy again
     assert text_of(server, {**GREEDY, "temperature": 1.0, "top_p": 1e-6}) == baseline
@@ -276,9 +285,10 @@ FIELD_WALK: dict[str, list[Check]] = {
     "temperature": [differs({"temperature": 2.0})],
     "top_p": [top_p_keeps_the_top_token],
     "stream": [streams, same({"stream": False})],
-    "store": [refused({"store": True}), same({"store": False})],
+    # kept or not, the same text (reading them back: test_responses_store.py)
+    "store": [same({"store": True}), same({"store": False})],
     "previous_response_id": [refused({"previous_response_id": "resp_1"})],
-    "background": [refused({"background": True}), same({"background": False})],
+    "background": [in_background, same({"background": False})],
     "reasoning": [refused({"reasoning": {}})],
     "include": [refused({"include": ["reasoning.encrypted_content"]}), same({"include": []})],
     "top_logprobs": [refused({"top_logprobs": 0})],

@@ -15,6 +15,9 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_STALL_TIMEOUT_S = 30.0
 DEFAULT_STREAM_BUFFER = 1024
 DEFAULT_SEND_BUFFER = 65536
+DEFAULT_RESPONSE_STORE = 1024
+DEFAULT_RESPONSE_STORE_MIB = 256
+DEFAULT_RESPONSE_STORE_TTL_S = 3600.0
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -112,6 +115,44 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         "client that is not reading; one more aborts it at once (0: no bound)",
     )
     p.add_argument(
+        "--reattach-seconds",
+        type=seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="a stream whose client disconnects goes on generating for up to SECONDS more (its "
+        "cells and slot held while it runs): every event gets an SSE id, the stream id comes in "
+        "the x-kvpark-stream-id header and the first event, and GET /v1/streams/{id} with "
+        "Last-Event-ID writes what the client missed, then the rest; unclaimed, it is aborted. "
+        "Its events stay in memory (a few hundred bytes each) until read to the end, at most "
+        "--stream-buffer of them unwritten (0: off, a disconnect aborts the stream at once)",
+    )
+    p.add_argument(
+        "--response-store",
+        type=int_at_least(0),
+        default=DEFAULT_RESPONSE_STORE,
+        metavar="N",
+        help="/v1/responses kept in memory (store: true, the default, and every background: "
+        "true response) for GET /v1/responses/{id}, previous_response_id and cancel: at most N, "
+        "the oldest finished forgotten first (0: none is kept; store, background and "
+        "previous_response_id are refused)",
+    )
+    p.add_argument(
+        "--response-store-mib",
+        type=int_at_least(1),
+        default=DEFAULT_RESPONSE_STORE_MIB,
+        metavar="MIB",
+        help="the stored responses' bytes (objects, conversations, background events) at most; "
+        "past it the oldest finished are forgotten first",
+    )
+    p.add_argument(
+        "--response-store-ttl",
+        type=seconds,
+        default=DEFAULT_RESPONSE_STORE_TTL_S,
+        metavar="SECONDS",
+        help="a stored response is forgotten SECONDS after it finished (0: only the bounds "
+        "push it out)",
+    )
+    p.add_argument(
         "--send-buffer",
         type=int_at_least(0),
         default=DEFAULT_SEND_BUFFER,
@@ -139,6 +180,10 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         shutdown_timeout=args.shutdown_timeout,
         stall_timeout=args.stall_timeout,
         stream_buffer=args.stream_buffer,
+        reattach_seconds=args.reattach_seconds,
+        response_store=args.response_store,
+        response_store_mib=args.response_store_mib,
+        response_store_ttl=args.response_store_ttl,
         send_buffer=args.send_buffer,
     )
 

@@ -145,4 +145,11 @@ class ServerConfig:
     stall_timeout: float = 30.0
     # events a stream holds for a client that is not reading; past it the stream is aborted; 0: any
     stream_buffer: int = 1024
+    # a stream whose client disconnects is kept this long for GET /v1/streams/{id}; 0: off
+    reattach_seconds: float = 0.0
+    # /v1/responses kept in memory (store): at most this many (0: none), this many MiB, this long
+    # after they finished (0: no time limit)
+    response_store: int = 1024
+    response_store_mib: int = 256
+    response_store_ttl: float = 3600.0
     send_buffer: int = 65536  # SO_SNDBUF of every connection (0: the kernel's, growing to 4 MiB)

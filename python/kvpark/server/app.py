@@ -38,7 +38,14 @@ from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE
 from kvpark.server.openai_api import CHAT, COMPLETIONS
 from kvpark.server.pipeline import generate
+from kvpark.server.reattach_response import reattach
 from kvpark.server.responses_api import create_response
+from kvpark.server.responses_kept import (
+    cancel_response,
+    close_background,
+    delete_response,
+    retrieve_response,
+)
 from kvpark.server.served_model import ServedModel
 from kvpark.server.tokenize_api import detokenize, tokenize
 
@@ -65,6 +72,19 @@ class Routes(ServedModel):
 
     async def messages(self, request: Request) -> Response:  # Anthropic's errors, all methods
         return await create_message(self, request)
+
+    async def stream(self, request: Request) -> Response:  # GET /v1/streams/{stream_id}
+        # no ready_engine(): a stream already started is read while the server drains too
+        reader = reattach(self.reattach, request, self.config.stall_timeout)
+        return reader  # type: ignore[return-value]  # an ASGI app like any Response
+
+    async def response(self, request: Request) -> Response:  # GET, DELETE /v1/responses/{id}
+        if request.method == "DELETE":
+            return await delete_response(self, request)
+        return await retrieve_response(self, request)
+
+    async def cancel_response(self, request: Request) -> Response:
+        return await cancel_response(self, request)
 
     async def embeddings(self, request: Request) -> Response:
         engine = self.ready_engine()
@@ -155,6 +175,9 @@ def build_app(
         Route("/v1/embeddings", _guard(r.embeddings), methods=["POST"]),
         Route("/v1/responses", _guard(r.responses), methods=["POST"]),
         Route("/v1/messages", _guard(r.messages), methods=MESSAGES_METHODS),
+        Route("/v1/responses/{response_id}", _guard(r.response), methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", _guard(r.cancel_response), methods=["POST"]),
+        Route("/v1/streams/{stream_id}", _guard(r.stream), methods=["GET"]),
         Route("/tokenize", _guard(r.tokenize), methods=["POST"]),
         Route("/detokenize", _guard(r.detokenize), methods=["POST"]),
         Route("/props", _guard(r.props), methods=["GET"]),
@@ -172,6 +195,8 @@ def build_app(
         try:
             yield
         finally:
+            await r.reattach.close()
+            await close_background(r.response_store)
             if start_engine:
                 log.info("shutting down the engine")
                 await engine.shutdown()

@@ -135,15 +135,22 @@ class FanIn:
                 self._put(None)
 
     def _overflow(self, prompt: int) -> None:
-        """The buffer is full: cancel every pump (closing its generator aborts its engine
-        request, so its cells and parked bytes come back now) and end with an error, which the
-        reader gets after what it has not read yet, should it ever read again."""
-        self._overflowed = True
         log.warning(
             "stream %s aborted: %d events unread (--stream-buffer)", self._request_id, self._limit
         )
-        message = f"stream buffer full: the client did not read {self._limit} events"
+        self.give_up(f"stream buffer full: the client did not read {self._limit} events", prompt)
+
+    def give_up(self, message: str, prompt: int = 0) -> None:
+        """A buffer is full (this one, or a reattachable stream's log): cancel every pump
+        (closing its generator aborts its engine request, so its cells and parked bytes come
+        back now) and end with a 503 error, which the reader gets after what it has not read
+        yet, should it ever read again."""
+        if self._overflowed:
+            return
+        self._overflowed = True
         self._items.append(PromptEvent(prompt, ErrorEvent(message, 503, "unavailable_error")))
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
         for task in self._tasks:
             task.cancel()
 

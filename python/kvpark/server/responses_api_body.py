@@ -4,7 +4,7 @@ The Responses API is served by the chat path: :func:`to_chat` turns a validated
 :class:`ResponsesBody` into an OpenAI chat-completions body, which ``parse_chat`` reads like any
 other. Every field is declared here, so an unknown one is a 400 (``extra="forbid"``); a declared
 field is honoured, refused with a 400 naming it (:func:`refusals`), or one of the documented
-no-ops (``metadata``, ``user``, ``service_tier``, ``store: false``, ``truncation: "disabled"``).
+no-ops (``metadata``, ``user``, ``service_tier``, ``truncation: "disabled"``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationError
+from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from kvpark.server.errors import APIError, bad_request
 from kvpark.server.schema import Body
@@ -93,6 +93,13 @@ Item = Annotated[
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
     Discriminator(_item_kind),
 ]
+_ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[Item])
+
+
+def as_items(output: object) -> tuple[Item, ...]:
+    """A response's output items as input items (a message, or a function call), as a client
+    that sends ``response.output`` back would: what ``previous_response_id`` continues with."""
+    return tuple(_ITEMS.validate_python(output, strict=False))
 
 
 class FunctionTool(Body):
@@ -144,10 +151,11 @@ class ResponsesBody(Body):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     stream: bool | None = None
-    # refused unless off: there is no storage, no background queue, no reasoning to configure
+    # kept in the server's response store (server/response_store.py)
     store: bool | None = None
     previous_response_id: str | None = None
     background: bool | None = None
+    # refused unless off: no reasoning to configure, no logprobs here
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = None
@@ -191,17 +199,8 @@ def parse_responses_body(body: dict[str, object]) -> ResponsesBody:
 
 
 def refusals(body: ResponsesBody) -> None:
-    """The declared fields this server cannot honour, when set to what it cannot do."""
-    if body.previous_response_id is not None:
-        raise bad_request(
-            "previous_response_id is not supported: this server stores no responses; "
-            "send the whole conversation as input",
-            "previous_response_id",
-        )
-    if body.store:
-        raise bad_request("store: true is not supported: this server stores no responses", "store")
-    if body.background:
-        raise bad_request("background: true is not supported", "background")
+    """The declared fields this server cannot honour, when set to what it cannot do (``store``,
+    ``background`` and ``previous_response_id`` depend on the store: server/responses_api.py)."""
     if body.reasoning is not None:
         raise bad_request(
             "reasoning is not supported: the model has no reasoning mode", "reasoning"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvpark.engine.outputs import FinishedEvent, TokenEvent
@@ -45,7 +46,9 @@ class MessageOut:
     done: bool = False
 
     def item(self, status: str) -> JSON:
-        content = [] if status == "in_progress" else [self.part()]
+        # an item just added has no part yet (OpenAI's output_item.added); a background
+        # response read while it runs shows the text so far
+        content = [] if status == "in_progress" and not self.text else [self.part()]
         return {
             "type": "message",
             "id": self.id,
@@ -100,6 +103,8 @@ class ResponsesBuilder:
         self.tally = Tally()
         self.sequence = 0
         self.opened = False
+        # told the response object once it has ended (completed, incomplete or failed): the store
+        self.on_end: Callable[[JSON], None] | None = None
 
     # -- events in ------------------------------------------------------------------------------
 
@@ -128,6 +133,8 @@ class ResponsesBuilder:
         events += self._close_last()
         final = self.response()
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        if self.on_end is not None:
+            self.on_end(final)
         return [*events, self._event(kind, response=final)]
 
     def failed_events(self, error: APIError) -> list[JSON]:
@@ -136,9 +143,16 @@ class ResponsesBuilder:
         event = self._event(
             "error", code=str(error.status), message=error.message, param=error.param
         )
+        failed = self.failed(error)
+        if self.on_end is not None:
+            self.on_end(failed)
+        return [event, self._event("response.failed", response=failed)]
+
+    def failed(self, error: APIError) -> JSON:
+        """The response as far as it got, failed with ``error``."""
         failed = self.response("failed")
         failed["error"] = {"code": _error_code(error), "message": error.message}
-        return [event, self._event("response.failed", response=failed)]
+        return failed
 
     # -- objects out ----------------------------------------------------------------------------
 
@@ -147,9 +161,9 @@ class ResponsesBuilder:
         if status is None:
             status = "completed" if self.finish_reason in (None, "stop") else "incomplete"
         final = status in ("completed", "incomplete")  # the engine's tally is in
-        ended = final or status == "failed"
+        ended = final or status in ("failed", "cancelled")
         output = [item.item("completed" if ended else "in_progress") for item in self.items]
-        if status in ("incomplete", "failed") and output:
+        if status in ("incomplete", "failed", "cancelled") and output:
             output[-1]["status"] = "incomplete"  # the item the length limit (or failure) cut short
         texts = [item.text for item in self.items if isinstance(item, MessageOut)]
         obj: JSON = {

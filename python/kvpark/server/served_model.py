@@ -10,8 +10,11 @@ from typing import TYPE_CHECKING
 
 from kvpark.config.layers import ServerConfig
 from kvpark.server.errors import APIError
+from kvpark.server.kept_metrics import KeptCollector
 from kvpark.server.lifecycle import SHUTTING_DOWN, Lifecycle
 from kvpark.server.metrics import ServerMetrics
+from kvpark.server.reattach import Reattach
+from kvpark.server.response_store import MIB, ResponseStore
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
@@ -30,6 +33,13 @@ class ServedModel:
         self.config = config
         self.lifecycle = lifecycle or Lifecycle()
         self.metrics = ServerMetrics(engine)
+        # streams that outlive their connection (--reattach-seconds; off at 0)
+        self.reattach = Reattach(config.reattach_seconds, config.stream_buffer, self.lifecycle)
+        # /v1/responses kept for GET, previous_response_id and background (--response-store)
+        self.response_store = ResponseStore(
+            config.response_store, config.response_store_mib * MIB, config.response_store_ttl
+        )
+        self.metrics.registry.register(KeptCollector(self.reattach, self.response_store))
 
     def ready_engine(self) -> AsyncEngine:
         """The engine, or the 503 (500 for a model that failed to load) every route answers
