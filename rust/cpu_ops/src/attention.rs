@@ -1,17 +1,24 @@
-//! Decode attention straight from the paged KV pool: one query row per sequence against its
-//! cells, read in place through the sequence's cell list (no gather into a padded batch).
+//! Attention straight from the paged KV pool: each query row (an "entry": a decode row, or one
+//! row of a prompt chunk) against its sequence's cells up to its position, read in place through
+//! the cell list (no gather into a padded batch).
 //!
-//! Per (sequence, KV head): the scores of the query heads that share the head (GQA), a softmax
-//! in f32 with the maximum subtracted, then the weighted sum of V. Tasks are split over the
-//! threads of [`crate::set_threads`]. Not row-invariant work splitting is irrelevant here: each
-//! task's arithmetic is fixed, but the order of the sums is this file's, not torch's.
+//! Per (entry, KV head): the scores of the query heads that share the head (GQA), a softmax in
+//! f32 with the maximum subtracted, then the weighted sum of V, in the one order `block.rs`
+//! fixes. A prompt chunk's consecutive rows go in blocks that read each K and V row once for all
+//! of them (`runs.rs`). Tasks are split over the threads of [`crate::set_threads`]; no block,
+//! split or instruction set changes an entry's bits.
 
+mod block;
+mod dot;
 mod kv_values;
+mod runs;
 #[cfg(test)]
 mod tests;
 
 use crate::shape::ShapeError;
 use crate::threads::{parallel, team_size, Output};
+use block::Scratch;
+use dot::{Avx2Dot, Avx512Dot, PlainDot};
 pub(crate) use kv_values::f16_to_f32;
 pub use kv_values::KvValues;
 use kv_values::{F16Plain, F16cRows, InPlace, Rows};
@@ -130,199 +137,115 @@ pub fn decode_attention_with(
 /// [`decode_attention`] with the SIMD paths on (where the CPU has them) or off: the same bits.
 fn run(a: DecodeAttention<'_>, sc: Scores, out: &mut [f32], simd: bool) -> Result<(), ShapeError> {
     a.check(out.len())?;
+    let level = Level::best(simd);
     match (a.k, a.v) {
-        (KvValues::F32(k), KvValues::F32(v)) => tasks(&a, sc, InPlace(k), InPlace(v), simd, out),
-        (KvValues::Bf16(k), KvValues::Bf16(v)) => tasks(&a, sc, InPlace(k), InPlace(v), simd, out),
+        (KvValues::F32(k), KvValues::F32(v)) => tasks(&a, sc, InPlace(k), InPlace(v), level, out),
+        (KvValues::Bf16(k), KvValues::Bf16(v)) => tasks(&a, sc, InPlace(k), InPlace(v), level, out),
         (KvValues::F16(k), KvValues::F16(v)) => match (F16cRows::new(k), F16cRows::new(v)) {
-            (Some(k), Some(v)) if simd => tasks(&a, sc, k, v, simd, out),
-            _ => tasks(&a, sc, F16Plain(k), F16Plain(v), simd, out),
+            (Some(k), Some(v)) if level != Level::Plain => tasks(&a, sc, k, v, level, out),
+            _ => tasks(&a, sc, F16Plain(k), F16Plain(v), level, out),
         },
         _ => unreachable!("check() refuses K and V of two kinds"),
     }
     Ok(())
 }
 
-/// Every sequence's attention, split over the kernel threads. A task is one sequence's run of
-/// KV heads: all of them where there are enough sequences to keep the threads busy, so that a
-/// task reads each cell's K (then V) heads together, one contiguous run of the pool; one head
-/// where there are few sequences, so that one sequence still spreads over the threads. Either
-/// way each (sequence, KV head) does the same arithmetic: the split never changes the bits.
-fn tasks<R: Rows>(a: &DecodeAttention<'_>, sc: Scores, k: R, v: R, simd: bool, out: &mut [f32]) {
+/// Every entry's attention, split over the kernel threads. The entries are cut into blocks
+/// (`runs.rs`: a prompt chunk's consecutive rows share one read of each K and V row); a task is
+/// a block and a run of KV heads: all of them where there are enough blocks to keep the threads
+/// busy, so that a task reads each cell's K (then V) heads together, one contiguous run of the
+/// pool; one head where there are few, so that a single row still spreads over the threads.
+/// Either way each (entry, query head) does the same arithmetic (`block.rs`): the split never
+/// changes the bits.
+fn tasks<R: Rows>(a: &DecodeAttention<'_>, sc: Scores, k: R, v: R, level: Level, out: &mut [f32]) {
     let out = Output::new(out);
-    let seqs = a.rows.len();
-    let heads_per_task = if seqs >= WHOLE_CELL_TASKS_PER_THREAD * team_size() {
+    let blocks = runs::blocks(a);
+    let heads_per_task = if blocks.len() >= WHOLE_CELL_TASKS_PER_THREAD * team_size() {
         a.kv_heads
     } else {
         1
     };
-    let per_seq = a.kv_heads / heads_per_task;
+    let per_block = a.kv_heads / heads_per_task;
     let work: usize =
         a.context.iter().map(|&c| c as usize).sum::<usize>() * a.kv_heads * a.head_dim;
-    parallel(seqs * per_seq, work, &|range| {
-        let mut scratch = Vec::new();
-        for task in range {
-            let (b, first) = (task / per_seq, task % per_seq * heads_per_task);
-            let t = Task {
-                b,
-                heads: first..first + heads_per_task,
-            };
-            if simd && R::F16C {
-                // SAFETY: AVX2 and FMA are present (isa::avx2), and F16C (R::F16C).
-                unsafe { task_f16c(a, sc, k, v, t, &out, &mut scratch) }
-            } else if simd {
-                // SAFETY: AVX2 and FMA are present (isa::avx2).
-                unsafe { task_avx2(a, sc, k, v, t, &out, &mut scratch) }
-            } else {
-                one_task(a, sc, k, v, t, &out, &mut scratch)
+    parallel(blocks.len() * per_block, work, &|range| {
+        let mut scratch = Scratch::default();
+        for t in range {
+            let (block, first) = (&blocks[t / per_block], t % per_block * heads_per_task);
+            let heads = first..first + heads_per_task;
+            match level {
+                // SAFETY: each level is chosen only where the CPU has its features (`run`).
+                Level::Avx512 => unsafe {
+                    task_avx512(a, sc, k, v, block, heads, &out, &mut scratch)
+                },
+                Level::Avx2 => unsafe { task_avx2(a, sc, k, v, block, heads, &out, &mut scratch) },
+                Level::Plain => {
+                    block::task::<R, PlainDot>(a, sc, k, v, block, heads, &out, &mut scratch)
+                }
             }
         }
     });
 }
 
-/// Sequences per thread from which a task takes all of a sequence's KV heads.
+/// Blocks per thread from which a task takes all of a block's KV heads.
 const WHOLE_CELL_TASKS_PER_THREAD: usize = 2;
 
-/// Sequence `b`'s KV heads `heads`.
-#[derive(Clone)]
-struct Task {
-    b: usize,
-    heads: std::ops::Range<usize>,
+/// Which compilation of `block::task` runs: the same operations in the same order, vectorised
+/// for wider registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    Plain,
+    /// AVX2, FMA and F16C.
+    Avx2,
+    /// AVX-512F on top of them.
+    Avx512,
 }
 
-/// [`one_task`] compiled for a SIMD level (on x86-64; elsewhere it is `one_task`).
+impl Level {
+    /// The widest level this CPU runs under `KVPARK_CPU_ISA`, or plain where `simd` is off.
+    fn best(simd: bool) -> Level {
+        let f = crate::isa::effective();
+        match f.level() {
+            _ if !simd || !cfg!(target_arch = "x86_64") || !f.f16c => Level::Plain,
+            crate::isa::Isa::Avx512 => Level::Avx512,
+            crate::isa::Isa::Avx2 => Level::Avx2,
+            crate::isa::Isa::Plain => Level::Plain,
+        }
+    }
+}
+
+/// `block::task` compiled for a SIMD level (on x86-64; elsewhere it is `block::task`).
 macro_rules! simd_task {
-    ($(#[$doc:meta])* $name:ident, $features:literal) => {
+    ($(#[$doc:meta])* $name:ident, $dot:ty, $features:literal) => {
         $(#[$doc])*
         #[cfg_attr(target_arch = "x86_64", target_feature(enable = $features))]
+        #[allow(clippy::too_many_arguments)]
         unsafe fn $name<R: Rows>(
             a: &DecodeAttention<'_>,
             sc: Scores,
             k: R,
             v: R,
-            task: Task,
+            block: &runs::Block,
+            heads: std::ops::Range<usize>,
             out: &Output<'_>,
-            s: &mut Vec<f32>,
+            s: &mut Scratch,
         ) {
-            one_task(a, sc, k, v, task, out, s)
+            block::task::<R, $dot>(a, sc, k, v, block, heads, out, s)
         }
     };
 }
 
 simd_task!(
     /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    task_avx2,
-    "avx2,fma"
-);
-simd_task!(
-    /// With F16C too, so that [`F16cRows`]' conversions are inlined.
-    ///
-    /// # Safety
     /// The CPU must have AVX2, FMA and F16C.
-    task_f16c,
+    task_avx2,
+    Avx2Dot,
     "avx2,fma,f16c"
 );
-
-/// Sequence `task.b`, KV heads `task.heads`: each head's `group` query heads. The same
-/// arithmetic whatever the pool holds: each value is widened to f32 (exactly) where it is read.
-#[inline(always)]
-fn one_task<R: Rows>(
-    a: &DecodeAttention<'_>,
-    sc: Scores,
-    k_all: R,
-    v_all: R,
-    task: Task,
-    out: &Output<'_>,
-    scratch: &mut Vec<f32>,
-) {
-    let (kv, d) = (a.kv_heads, a.head_dim);
-    let group = a.heads / kv;
-    let b = task.b;
-    let (g0, n) = (task.heads.start, task.heads.len());
-    let ctx = a.context[b] as usize;
-    let row = a.rows[b] as usize;
-    let cells = &a.cells[b * a.stride..b * a.stride + ctx];
-    let scale = sc.scale;
-    // query head j of the task's i-th KV head; score and accumulator rows are numbered alike
-    let q_at = |i: usize, j: usize| (row * a.heads + (g0 + i) * group + j) * d;
-    let at = |cell: i64| (cell as usize * kv + g0) * d;
-    let heads = n * group;
-    // One buffer per thread for the scores, the accumulator and a widened row: no allocation
-    // per task.
-    scratch.clear();
-    scratch.resize(heads * (ctx + d) + d, 0.0);
-    let (scores, rest) = scratch.split_at_mut(heads * ctx);
-    let (acc, wide) = rest.split_at_mut(heads * d);
-    for (c, &cell) in cells.iter().enumerate() {
-        if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            k_all.prefetch(at(ahead), n * d);
-        }
-        for i in 0..n {
-            let k = k_all.row(at(cell) + i * d, d, wide);
-            for j in 0..group {
-                let h = i * group + j;
-                let s = dot(&a.q[q_at(i, j)..][..d], k) * scale;
-                scores[h * ctx + c] = match sc.softcap {
-                    None => s,
-                    Some(cap) => cap * (s / cap).tanh(),
-                };
-            }
-        }
-    }
-    for h in 0..heads {
-        let s = &mut scores[h * ctx..(h + 1) * ctx];
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut sum = 0.0;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        s.iter_mut().for_each(|x| *x *= inv);
-    }
-    for (c, &cell) in cells.iter().enumerate() {
-        if let Some(&ahead) = cells.get(c + PREFETCH_CELLS) {
-            v_all.prefetch(at(ahead), n * d);
-        }
-        for i in 0..n {
-            let v = v_all.row(at(cell) + i * d, d, wide);
-            for j in 0..group {
-                let h = i * group + j;
-                let p = scores[h * ctx + c];
-                for (o, x) in acc[h * d..(h + 1) * d].iter_mut().zip(v) {
-                    *o += p * x;
-                }
-            }
-        }
-    }
-    for i in 0..n {
-        for j in 0..group {
-            let h = i * group + j;
-            for (e, x) in acc[h * d..(h + 1) * d].iter().enumerate() {
-                out.set(q_at(i, j) + e, *x);
-            }
-        }
-    }
-}
-
-/// Cells ahead whose K (or V) row is requested before it is read: a sequence's cells lie in
-/// pages scattered over the pool, where the hardware prefetcher cannot follow.
-const PREFETCH_CELLS: usize = 6;
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
+simd_task!(
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C and AVX-512F.
+    task_avx512,
+    Avx512Dot,
+    "avx2,fma,f16c,avx512f"
+);

@@ -40,6 +40,7 @@ mod attention;
 mod avx2;
 pub mod decoder;
 pub mod dense;
+mod exp;
 pub mod int8;
 pub mod isa;
 mod norm;

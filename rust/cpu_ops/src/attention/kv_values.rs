@@ -64,8 +64,6 @@ impl KvElem for u16 {
 
 /// K or V of the pool as the kernel reads it: one cell's row of `head_dim` values at a time.
 pub(super) trait Rows: Copy + Sync {
-    /// Whether [`Rows::row`] converts with F16C (present wherever such rows exist).
-    const F16C: bool = false;
     /// The `len` values from `at`: in place, or widened into `buf` (at least `len` long).
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32];
     /// Asks for the cache lines of the `len` values from `at`.
@@ -119,7 +117,6 @@ impl<'a> F16cRows<'a> {
 }
 
 impl Rows for F16cRows<'_> {
-    const F16C: bool = true;
     #[inline(always)]
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
         let buf = &mut buf[..len];

@@ -133,3 +133,99 @@ fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
         }
     }
 }
+
+/// A prompt chunk's rows: consecutive positions of one sequence (with and without a sliding
+/// window), beside a decode row of another. Blocked (`runs.rs`) or each alone, on one thread or
+/// three, plain or SIMD, with or without a soft-cap, every row gets the same bits.
+#[test]
+fn a_prompt_chunks_rows_in_blocks_give_each_rows_bits_alone() {
+    let (d, kv, group) = (40, 2, 3); // 40: two chunks of 16 and a tail of 8
+    let heads = kv * group;
+    let n_cells = 300;
+    let mut seed = 11;
+    let n = n_cells * kv * d;
+    let (k16, v16) = (f16_bits(n, &mut seed), f16_bits(n, &mut seed));
+    // the sequence's cells, scattered over the pool as pages would be
+    let list: Vec<i64> = (0..60i64).map(|c| (c * 37 + 5) % n_cells as i64).collect();
+    for window in [0usize, 9] {
+        // rows at positions 20..37 (17 of them: blocks of 8, 8 and 1), then another sequence's
+        let positions: Vec<usize> = (20..37).collect();
+        let first = |p: usize| {
+            if window == 0 {
+                0
+            } else {
+                (p + 1).saturating_sub(window)
+            }
+        };
+        let stride = 40;
+        let (mut cells, mut context) = (Vec::new(), Vec::new());
+        for &p in &positions {
+            let mine = &list[first(p)..=p];
+            cells.extend_from_slice(mine);
+            cells.resize(cells.len() + stride - mine.len(), 0);
+            context.push(mine.len() as i64);
+        }
+        let other: Vec<i64> = (0..25i64).map(|c| (c * 11 + 3) % n_cells as i64).collect();
+        cells.extend_from_slice(&other);
+        cells.resize(cells.len() + stride - other.len(), 0);
+        context.push(other.len() as i64);
+        let entries = context.len();
+        let rows: Vec<i64> = (0..entries as i64).collect();
+        let q: Vec<f32> = (0..entries * heads * d)
+            .map(|_| lcg(&mut seed) as f32 / (1u64 << 30) as f32 - 1.0)
+            .collect();
+        let a = DecodeAttention {
+            q: &q,
+            k: KvValues::F16(&k16),
+            v: KvValues::F16(&v16),
+            cells: &cells,
+            stride,
+            context: &context,
+            rows: &rows,
+            heads,
+            kv_heads: kv,
+            head_dim: d,
+        };
+        let blocks = super::runs::blocks(&a);
+        assert_eq!(
+            blocks.len(),
+            4,
+            "17 continuing rows in blocks of 8, then one more"
+        );
+        for scores in [
+            Scores::standard(d),
+            Scores {
+                scale: 0.3,
+                softcap: Some(5.0),
+            },
+        ] {
+            let mut alone = vec![f32::NAN; q.len()];
+            for b in 0..entries {
+                let one = DecodeAttention {
+                    cells: &cells[b * stride..(b + 1) * stride],
+                    context: &context[b..b + 1],
+                    rows: &rows[b..b + 1],
+                    ..a
+                };
+                run(one, scores, &mut alone, false).unwrap();
+            }
+            assert!(alone.iter().all(|x| x.is_finite()));
+            for simd in [false, true] {
+                for threads in [1, 3] {
+                    crate::set_threads(threads);
+                    let mut out = vec![f32::NAN; q.len()];
+                    run(a, scores, &mut out, simd && crate::isa::avx2()).unwrap();
+                    let same = out
+                        .iter()
+                        .zip(&alone)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "window {window}, simd {simd}, threads {threads}, {scores:?}"
+                    );
+                }
+            }
+        }
+    }
+    crate::set_threads(1);
+}

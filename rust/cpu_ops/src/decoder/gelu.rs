@@ -1,12 +1,12 @@
 //! `gelu_tanh(gate) * up` over a row of the MLP: Gemma's GeGLU, with gelu in its tanh form
 //! (`0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`, torch's `gelu(approximate="tanh")`).
 //!
-//! tanh through the decoder's own exp ([`super::silu::exp`]): `tanh(y) = 1 - 2 / (e^{2y} + 1)`,
+//! tanh through the decoder's own exp ([`crate::exp::exp`]): `tanh(y) = 1 - 2 / (e^{2y} + 1)`,
 //! exact in the limits (e^{2y} clamps at e^{±88}, giving ±1 to the last bit) and within a few
 //! ulps elsewhere, the same bits on every CPU. Scalar: Gemma's MLPs are the only users, and at
 //! one row a step this is a few microseconds beside the matmuls.
 
-use super::silu::exp;
+use crate::exp::exp;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const CUBIC: f32 = 0.044_715;

@@ -1,0 +1,244 @@
+//! The attention kernel proper: one task is a block of entries (`runs.rs`) and a run of KV heads,
+//! and reads each of the union's K rows, then V rows, once for every entry and query head of
+//! the block that attends to it.
+//!
+//! # Arithmetic: one order, every path
+//! Per entry and query head, over the entry's own cells `c` in their order:
+//!
+//! ```text
+//! s_c  = dot(q, k_c) * scale            (then cap * tanh(s_c / cap) where a soft-cap is set)
+//! dot  : lane[i % 16] += q_i * k_i for i in 0..d in order (a product, then a sum: two roundings),
+//!        a_j = lane_j + lane_{j+8}, then ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+//! m    = the largest s_c (f32::max, in order)
+//! e_c  = exp(s_c - m)                   (the crate's polynomial exp, decoder/silu.rs)
+//! p_c  = e_c * (1 / Σ e_c)              (the sum in order)
+//! out  = Σ p_c v_c                      (per value, in cell order, a product then a sum)
+//! ```
+//!
+//! Plain Rust; the SIMD paths are this same code compiled with AVX2 or AVX-512 enabled (the
+//! compiler vectorises the 16-lane dot, the exp and the weighted sum without reordering a
+//! single operation: it never contracts a product and a sum into an fma), so every path gives
+//! the plain bits, and no block, head split or thread split changes an entry's result.
+
+use super::dot::{Dot, LANES};
+use super::kv_values::Rows;
+use super::runs::{Block, BLOCK_ENTRIES};
+use super::{DecodeAttention, Scores};
+use crate::exp::exp;
+use crate::threads::Output;
+
+/// Entries of a block from which its scores come from K transposed ([`Dot::dots16`]): the
+/// transposition costs about what the dots of a few entries save.
+const WIDE_ENTRIES: usize = 4;
+/// Cells ahead whose K (or V) rows are requested before they are read: a sequence's cells lie
+/// in pages scattered over the pool, where the hardware prefetcher cannot follow.
+const PREFETCH_CELLS: usize = 6;
+
+/// One thread's buffers, kept across its tasks.
+#[derive(Default)]
+pub(super) struct Scratch {
+    union: Vec<i64>,
+    /// `[entries, heads, cells]`: scores, then probabilities
+    scores: Vec<f32>,
+    /// `[cells, kv heads of the task, d]`: the union's V rows widened
+    acc: Vec<f32>,
+    /// `[kv heads of the task, d]`: one cell's K or V rows widened
+    wide: Vec<f32>,
+    /// `[kv heads of the task, tiles, d, 16]`: the union's K rows transposed, sixteen cells a tile
+    kt: Vec<f32>,
+}
+
+/// A score from its dot: times the scale, then soft-capped where the model caps.
+#[inline(always)]
+fn make_score(dot: f32, sc: Scores) -> f32 {
+    let score = dot * sc.scale;
+    match sc.softcap {
+        None => score,
+        Some(cap) => cap * (score / cap).tanh(),
+    }
+}
+
+/// Entries `block` against KV heads `heads`: their query heads' outputs into `out`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn task<R: Rows, D: Dot>(
+    a: &DecodeAttention<'_>,
+    sc: Scores,
+    k_all: R,
+    v_all: R,
+    block: &Block,
+    heads: std::ops::Range<usize>,
+    out: &Output<'_>,
+    s: &mut Scratch,
+) {
+    let (kv, d, group) = (a.kv_heads, a.head_dim, a.heads / a.kv_heads);
+    let (g0, n) = (heads.start, heads.len());
+    let entries = block.entries.len();
+    debug_assert!(entries <= BLOCK_ENTRIES);
+    block.union(a, &mut s.union);
+    let cells = s.union.len();
+    let q_heads = n * group; // per entry
+    s.scores.clear();
+    s.scores.resize(entries * q_heads * cells, 0.0);
+    s.wide.resize(n * d, 0.0);
+    let ranges: [std::ops::Range<usize>; BLOCK_ENTRIES] = std::array::from_fn(|i| {
+        if i < entries {
+            block.range(a, block.entries.start + i)
+        } else {
+            0..0
+        }
+    });
+    // query head j of the task's i-th KV head, for entry b; its scores and sums are numbered
+    // (entry, i * group + j)
+    let q_at =
+        |b: usize, i: usize, j: usize| (a.rows[b] as usize * a.heads + (g0 + i) * group + j) * d;
+    let at = |cell: i64| (cell as usize * kv + g0) * d;
+
+    if D::WIDE && entries >= WIDE_ENTRIES {
+        // K transposed once, then each query's scores sixteen cells at a time
+        let tiles = cells.div_ceil(LANES);
+        s.kt.clear();
+        s.kt.resize(n * tiles * d * LANES, 0.0);
+        for c in 0..cells {
+            if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
+                k_all.prefetch(at(ahead), n * d);
+            }
+            let k = k_all.row(at(s.union[c]), n * d, &mut s.wide);
+            let (tile, lane) = (c / LANES, c % LANES);
+            for i in 0..n {
+                let base = (i * tiles + tile) * d * LANES + lane;
+                for (t, x) in k[i * d..][..d].iter().enumerate() {
+                    s.kt[base + t * LANES] = *x;
+                }
+            }
+        }
+        let mut dots = [0.0f32; LANES];
+        for (e, range) in ranges.iter().enumerate().take(entries) {
+            let b = block.entries.start + e;
+            for i in 0..n {
+                for j in 0..group {
+                    let q = &a.q[q_at(b, i, j)..][..d];
+                    let row = &mut s.scores[(e * q_heads + i * group + j) * cells..][..cells];
+                    for tile in range.start / LANES..range.end.div_ceil(LANES) {
+                        let kt = &s.kt[(i * tiles + tile) * d * LANES..][..d * LANES];
+                        // SAFETY: the caller runs `D` only where the CPU has its instructions.
+                        unsafe { D::dots16(q, kt, &mut dots) };
+                        let from = (tile * LANES).max(range.start);
+                        let to = ((tile + 1) * LANES).min(range.end);
+                        for c in from..to {
+                            row[c] = make_score(dots[c - tile * LANES], sc);
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        // each K row once, for every entry whose range holds it
+        for c in 0..cells {
+            if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
+                k_all.prefetch(at(ahead), n * d);
+            }
+            let k = k_all.row(at(s.union[c]), n * d, &mut s.wide);
+            for (e, range) in ranges.iter().enumerate().take(entries) {
+                if !range.contains(&c) {
+                    continue;
+                }
+                let b = block.entries.start + e;
+                for i in 0..n {
+                    for j in 0..group {
+                        // SAFETY: the caller runs `D` only where the CPU has its instructions.
+                        let dot = unsafe { D::dot(&a.q[q_at(b, i, j)..][..d], &k[i * d..][..d]) };
+                        let h = e * q_heads + i * group + j;
+                        s.scores[h * cells + c] = make_score(dot, sc);
+                    }
+                }
+            }
+        }
+    }
+    // each (entry, head)'s softmax over its own cells
+    for (e, range) in ranges.iter().enumerate().take(entries) {
+        for h in 0..q_heads {
+            let row = &mut s.scores[(e * q_heads + h) * cells..][..cells][range.clone()];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            for x in row.iter_mut() {
+                *x = exp(*x - max);
+            }
+            let sum: f32 = row.iter().fold(0.0, |t, &x| t + x);
+            let inv = 1.0 / sum;
+            row.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+    if entries == 1 {
+        // one entry: each V row straight from the pool into every head's sums
+        s.acc.clear();
+        s.acc.resize(q_heads * d, 0.0);
+        for c in 0..cells {
+            if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
+                v_all.prefetch(at(ahead), n * d);
+            }
+            let v = v_all.row(at(s.union[c]), n * d, &mut s.wide);
+            for i in 0..n {
+                for j in 0..group {
+                    let h = i * group + j;
+                    let p = s.scores[h * cells + c];
+                    for (o, x) in s.acc[h * d..][..d].iter_mut().zip(&v[i * d..][..d]) {
+                        *o += p * x;
+                    }
+                }
+            }
+        }
+        let b = block.entries.start;
+        for i in 0..n {
+            for j in 0..group {
+                out.set_run(q_at(b, i, j), &s.acc[(i * group + j) * d..][..d]);
+            }
+        }
+        return;
+    }
+    // weighted sums: the union's V rows widened once, then each (entry, query head) over its
+    // cells, sixteen values of the output at a time (kept in registers across the cells)
+    s.acc.clear();
+    s.acc.resize(cells * n * d, 0.0);
+    for c in 0..cells {
+        if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
+            v_all.prefetch(at(ahead), n * d);
+        }
+        let v = v_all.row(at(s.union[c]), n * d, &mut s.wide);
+        s.acc[c * n * d..][..n * d].copy_from_slice(v);
+    }
+    let whole = d - d % LANES;
+    for (e, range) in ranges.iter().enumerate().take(entries) {
+        let b = block.entries.start + e;
+        for i in 0..n {
+            for j in 0..group {
+                let h = e * q_heads + i * group + j;
+                let probs = &s.scores[h * cells..][..cells];
+                // four runs of sixteen values at once: independent sums, so that the products of
+                // one cell overlap the additions of the last
+                let mut t = 0;
+                while t < whole {
+                    let m = ((whole - t) / LANES).min(4);
+                    let mut sums = [[0.0f32; LANES]; 4];
+                    let v = &s.acc[i * d + t..];
+                    // SAFETY: the caller runs `D` only where the CPU has its instructions.
+                    unsafe { D::weighted(probs, v, n * d, range.clone(), m, &mut sums) };
+                    for (u, sum) in sums.iter().enumerate().take(m) {
+                        out.set_run(q_at(b, i, j) + t + u * LANES, sum);
+                    }
+                    t += m * LANES;
+                }
+                if whole < d {
+                    let rest = d - whole;
+                    let mut sums = [0.0f32; LANES];
+                    for c in range.clone() {
+                        let (p, v) = (probs[c], &s.acc[(c * n + i) * d + whole..][..rest]);
+                        for (o, x) in sums.iter_mut().zip(v) {
+                            *o += p * x;
+                        }
+                    }
+                    out.set_run(q_at(b, i, j) + whole, &sums[..rest]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The attention's dot products and weighted sums on each instruction set: the portable code
+//! and the same operations on AVX2 and AVX-512 vectors (`block.rs` fixes the order; the
+//! compiler cuts a 16-lane array into pieces of two, so the SIMD paths spell theirs out).
+
+use crate::plain::hsum;
+
+/// Lanes of the dot product.
+pub(super) const LANES: usize = 16;
+
+/// `q . k` in the module's order: the plain code, and the same operations on vectors (the
+/// compiler cuts a 16-lane array into pieces of two, so the SIMD paths spell theirs out).
+pub(super) trait Dot {
+    /// Whether [`Dot::dots16`] is implemented: scores sixteen cells at a time from K transposed.
+    const WIDE: bool = false;
+
+    /// # Safety
+    /// The CPU has the instructions the implementation uses; `q` and `k` have one length.
+    unsafe fn dot(q: &[f32], k: &[f32]) -> f32;
+
+    /// `out[c] = dot(q, k_c)` for the sixteen cells of `tile` (`[d, 16]`: value `t` of cell `c`
+    /// at `16 t + c`), bit for bit what [`Dot::dot`] gives each.
+    ///
+    /// # Safety
+    /// As for [`Dot::dot`]; `tile` holds `16 q.len()` values.
+    #[inline(always)]
+    unsafe fn dots16(q: &[f32], tile: &[f32], out: &mut [f32; LANES]) {
+        let _ = (q, tile, out);
+        unreachable!("dots16 of a Dot that is not WIDE")
+    }
+
+    /// `out[u][l] = Σ_c p[c] · v[c · stride + 16 u + l]` for `u < m` (at most 4), over `c` in
+    /// `cells` in order, each a product then a sum from +0.
+    ///
+    /// # Safety
+    /// As for [`Dot::dot`]; `v` holds every row read.
+    #[inline(always)]
+    unsafe fn weighted(
+        p: &[f32],
+        v: &[f32],
+        stride: usize,
+        cells: std::ops::Range<usize>,
+        m: usize,
+        out: &mut [[f32; LANES]; 4],
+    ) {
+        *out = [[0.0; LANES]; 4];
+        for c in cells {
+            let row = &v[c * stride..][..m * LANES];
+            for (sum, v) in out.iter_mut().zip(row.chunks_exact(LANES)) {
+                for l in 0..LANES {
+                    sum[l] += p[c] * v[l];
+                }
+            }
+        }
+    }
+}
+
+/// The portable dot.
+pub(super) struct PlainDot;
+
+impl Dot for PlainDot {
+    #[inline(always)]
+    unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        for (i, (x, y)) in q.iter().zip(k).enumerate() {
+            lanes[i % LANES] += x * y;
+        }
+        finish(&lanes)
+    }
+}
+
+/// The lanes' fixed tree.
+#[inline(always)]
+fn finish(lanes: &[f32; LANES]) -> f32 {
+    let a: [f32; 8] = std::array::from_fn(|j| lanes[j] + lanes[j + 8]);
+    hsum(&a)
+}
+
+/// The tail of `d % 16` values into `lanes` (lane `i` takes value `whole + i`), then the tree.
+#[inline(always)]
+fn tail(q: &[f32], k: &[f32], whole: usize, lanes: &mut [f32; LANES]) -> f32 {
+    for (l, (x, y)) in q[whole..].iter().zip(&k[whole..]).enumerate() {
+        lanes[l] += x * y;
+    }
+    finish(lanes)
+}
+
+/// Off x86-64 every level is the portable code.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) type Avx2Dot = PlainDot;
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) type Avx512Dot = PlainDot;
+
+/// AVX2: lanes 0..8 and 8..16 in two vectors.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Avx2Dot;
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Avx2Dot {
+    #[inline(always)]
+    unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
+        use std::arch::x86_64::*;
+        let whole = q.len() - q.len() % LANES;
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for i in (0..whole).step_by(LANES) {
+            lo = _mm256_add_ps(
+                lo,
+                _mm256_mul_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(kp.add(i))),
+            );
+            let (q8, k8) = (qp.add(i + 8), kp.add(i + 8));
+            hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q8), _mm256_loadu_ps(k8)));
+        }
+        if whole == q.len() {
+            return reduce8(_mm256_add_ps(lo, hi));
+        }
+        let mut lanes = [0.0f32; LANES];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+        tail(q, k, whole, &mut lanes)
+    }
+}
+
+/// `plain::hsum` of the eight `a_j`, in registers: `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 +
+/// a7))`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn reduce8(a: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
+}
+
+/// AVX-512: the sixteen lanes in one vector.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Avx512Dot;
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Avx512Dot {
+    const WIDE: bool = true;
+
+    #[inline(always)]
+    unsafe fn dots16(q: &[f32], tile: &[f32], out: &mut [f32; LANES]) {
+        use std::arch::x86_64::*;
+        let d = q.len();
+        assert!(tile.len() >= d * LANES);
+        // lane vector u holds lane u of sixteen cells' dots: values t with t % 16 == u, in order
+        let mut l = [_mm512_setzero_ps(); LANES];
+        let (qp, tp) = (q.as_ptr(), tile.as_ptr());
+        let whole = d - d % LANES;
+        for t0 in (0..whole).step_by(LANES) {
+            for (u, l) in l.iter_mut().enumerate() {
+                let k = _mm512_loadu_ps(tp.add((t0 + u) * LANES));
+                *l = _mm512_add_ps(*l, _mm512_mul_ps(_mm512_set1_ps(*qp.add(t0 + u)), k));
+            }
+        }
+        for (u, l) in l.iter_mut().enumerate().take(d - whole) {
+            let k = _mm512_loadu_ps(tp.add((whole + u) * LANES));
+            *l = _mm512_add_ps(*l, _mm512_mul_ps(_mm512_set1_ps(*qp.add(whole + u)), k));
+        }
+        let a: [__m512; 8] = std::array::from_fn(|j| _mm512_add_ps(l[j], l[j + 8]));
+        let v = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+            _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+        );
+        _mm512_storeu_ps(out.as_mut_ptr(), v);
+    }
+
+    #[inline(always)]
+    unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
+        use std::arch::x86_64::*;
+        let whole = q.len() - q.len() % LANES;
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let mut acc = _mm512_setzero_ps();
+        for i in (0..whole).step_by(LANES) {
+            acc = _mm512_add_ps(
+                acc,
+                _mm512_mul_ps(_mm512_loadu_ps(qp.add(i)), _mm512_loadu_ps(kp.add(i))),
+            );
+        }
+        let mut lanes = [0.0f32; LANES];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+        tail(q, k, whole, &mut lanes)
+    }
+
+    #[inline(always)]
+    unsafe fn weighted(
+        p: &[f32],
+        v: &[f32],
+        stride: usize,
+        cells: std::ops::Range<usize>,
+        m: usize,
+        out: &mut [[f32; LANES]; 4],
+    ) {
+        use std::arch::x86_64::*;
+        assert!(m <= 4 && (cells.end == 0 || (cells.end - 1) * stride + m * LANES <= v.len()));
+        assert!(cells.end <= p.len());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in cells {
+            let pc = _mm512_set1_ps(*p.get_unchecked(c));
+            let row = v.as_ptr().add(c * stride);
+            for (u, a) in acc.iter_mut().enumerate().take(m) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(pc, _mm512_loadu_ps(row.add(u * LANES))));
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), a);
+        }
+    }
+}
