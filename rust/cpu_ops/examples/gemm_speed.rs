@@ -1,12 +1,14 @@
 //! Times the int8 block products at decode and prompt row counts for every block kind, at the
 //! default model's layer shapes (SmolLM2-135M: k = 576 with n = 960 fused qkv and 3072 gate_up;
 //! k = 1536 with n = 576 down): `cargo run --release --example gemm_speed -p kvpark-cpu-ops
-//! [-- THREADS [ROWS,ROWS,...]]`. Prints the median microseconds per product and the integer
+//! [-- THREADS [ROWS,ROWS,...]]`, then the dense products (f32, f16 and bf16 values, f32
+//! activations) at the same shapes. Prints the median microseconds per product and the
 //! multiply-adds per nanosecond it reached (weights in cache after the first call: at many rows a
 //! product is bound by arithmetic, not memory). `KVPARK_CPU_ISA` and `KVPARK_CPU_SIDE_BY_SIDE`
 //! select the kernels, as everywhere.
 use kvpark_cpu_ops::{
-    matmul_i8, set_threads, I8Kernel, I8Scratch, Q4Weights, Q6Weights, Q8Weights, Weights,
+    matmul_dense, matmul_i8, set_threads, DenseKernel, DenseValues, DenseWeights, I8Kernel,
+    I8Scratch, Q4Weights, Q6Weights, Q8Weights, Weights,
 };
 use std::time::Instant;
 
@@ -106,6 +108,9 @@ fn main() {
     );
     let mut scratch = I8Scratch::new();
     for kind in [Kind::Q4, Kind::Q8, Kind::Q8Offset, Kind::Q6] {
+        if std::env::var("GEMM_SPEED_DENSE_ONLY").is_ok() {
+            break;
+        }
         for (n, k) in [(960, 576), (3072, 576), (576, 1536)] {
             let m = Matrix::new(n, k, kind);
             for &rows in &row_counts {
@@ -121,6 +126,40 @@ fn main() {
                 println!(
                     "{:<8} {n:>5} {k:>5} {rows:>5} {us:>10.1} {:>8.1}",
                     format!("{kind:?}"),
+                    macs / (us * 1e3)
+                );
+            }
+        }
+    }
+    dense(&row_counts);
+}
+
+/// The dense kernels at the same shapes and row counts.
+fn dense(row_counts: &[usize]) {
+    println!("dense kernel {}", DenseKernel::best().name());
+    for (n, k) in [(960, 576), (3072, 576), (576, 1536)] {
+        let f32s: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 1e-3)
+            .collect();
+        let halves: Vec<u16> = f32s.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        for (name, values) in [
+            ("F32", DenseValues::F32(&f32s)),
+            ("F16", DenseValues::F16(&halves)),
+            ("BF16", DenseValues::Bf16(&halves)),
+        ] {
+            let w = DenseWeights { values, n, k };
+            for &rows in row_counts {
+                let x: Vec<f32> = (0..rows * k)
+                    .map(|i| ((i * 29 % 89) as f32 - 44.0) * 0.02)
+                    .collect();
+                let mut y = vec![0.0f32; rows * n];
+                let samples = (2000 / rows).clamp(15, 301);
+                let us = median_us(samples, || {
+                    matmul_dense(&x, rows, w, &mut y, DenseKernel::best()).unwrap()
+                });
+                let macs = (rows * n * k) as f64;
+                println!(
+                    "{name:<8} {n:>5} {k:>5} {rows:>5} {us:>10.1} {:>8.1}",
                     macs / (us * 1e3)
                 );
             }

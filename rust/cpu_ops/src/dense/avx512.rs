@@ -50,27 +50,32 @@ pub(super) unsafe fn lanes<F: Load>(
     cols: usize,
     out: &mut Lanes,
 ) {
-    // As in avx2.rs: columns side by side where there are few rows, for independent chains.
+    // As in avx2.rs: columns side by side where there are few rows, for independent chains;
+    // from five rows, four rows by four columns: sixteen accumulators, each chunk's four weight
+    // vectors and four rows loaded once for sixteen FMAs (eight rows by one column loaded nine
+    // vectors for eight)
     match (tile, cols) {
-        (1, 4) => group::<1, 4, F>(x, 1, k, w, 0, out),
-        (2, 4) => group::<2, 4, F>(x, 2, k, w, 0, out),
-        (3 | 4, 4) => {
-            group::<4, 2, F>(x, tile, k, w, 0, out);
-            group::<4, 2, F>(x, tile, k, w, 2, out);
+        (1, 4) => group::<1, 4, F>(x, 0, 1, k, w, 0, out),
+        (2, 4) => group::<2, 4, F>(x, 0, 2, k, w, 0, out),
+        (3 | 4, 4) => group::<4, 4, F>(x, 0, tile, k, w, 0, out),
+        (5..=8, 4) => {
+            group::<4, 4, F>(x, 0, 4, k, w, 0, out);
+            group::<4, 4, F>(x, 4, tile - 4, k, w, 0, out);
         }
-        (1, _) => (0..cols).for_each(|g| group::<1, 1, F>(x, 1, k, w, g, out)),
-        (2, _) => (0..cols).for_each(|g| group::<2, 1, F>(x, 2, k, w, g, out)),
-        (3 | 4, _) => (0..cols).for_each(|g| group::<4, 1, F>(x, tile, k, w, g, out)),
-        _ => (0..cols).for_each(|g| group::<8, 1, F>(x, tile, k, w, g, out)),
+        (1, _) => (0..cols).for_each(|g| group::<1, 1, F>(x, 0, 1, k, w, g, out)),
+        (2, _) => (0..cols).for_each(|g| group::<2, 1, F>(x, 0, 2, k, w, g, out)),
+        (3 | 4, _) => (0..cols).for_each(|g| group::<4, 1, F>(x, 0, tile, k, w, g, out)),
+        _ => (0..cols).for_each(|g| group::<8, 1, F>(x, 0, tile, k, w, g, out)),
     }
 }
 
-/// Rows `0..t` (`t <= R`; rows past `t` read row `t - 1` again and are dropped) against
-/// columns `g0..g0 + G`.
+/// Rows `r0..r0 + t` (`t <= R`; rows past `t` read row `r0 + t - 1` again and are dropped)
+/// against columns `g0..g0 + G`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 #[inline]
 unsafe fn group<const R: usize, const G: usize, F: Load>(
     x: &[f32],
+    r0: usize,
     t: usize,
     k: usize,
     w: &[F::Raw],
@@ -78,8 +83,8 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
     out: &mut Lanes,
 ) {
     let chunks = k / LANES;
-    assert!(t >= 1 && t <= R && t * k <= x.len() && (g0 + G) * k <= w.len());
-    let row_at: [usize; R] = std::array::from_fn(|r| r.min(t - 1) * k);
+    assert!(t >= 1 && t <= R && (r0 + t) * k <= x.len() && (g0 + G) * k <= w.len());
+    let row_at: [usize; R] = std::array::from_fn(|r| (r0 + r.min(t - 1)) * k);
     let mut acc = [[_mm512_setzero_ps(); R]; G];
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     for ch in 0..chunks {
@@ -92,7 +97,7 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
     }
     for (g, accs) in acc.iter().enumerate() {
         for (r, a) in accs.iter().enumerate().take(t) {
-            _mm512_storeu_ps(out[g0 + g][r].as_mut_ptr(), *a);
+            _mm512_storeu_ps(out[g0 + g][r0 + r].as_mut_ptr(), *a);
         }
     }
 }

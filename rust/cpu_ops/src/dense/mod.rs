@@ -162,6 +162,21 @@ impl Product<'_> {
     /// Output columns `cols` of every row; only those are written, so threads given disjoint
     /// columns share `y`.
     fn columns<F: Kernels>(&self, w: &[F::Raw], cols: std::ops::Range<usize>, y: &Output) {
+        // Columns in blocks of about BLOCK_BYTES of weights, each block's weights kept in cache
+        // while every row tile passes over them: a whole share of columns per row tile
+        // streamed a matrix bigger than the cache once per eight rows.
+        let per_column = self.k * std::mem::size_of::<F::Raw>();
+        let block = (BLOCK_BYTES / per_column).max(COLUMN_GROUP) / COLUMN_GROUP * COLUMN_GROUP;
+        let mut b = cols.start;
+        while b < cols.end {
+            let end = (b + block).min(cols.end);
+            self.block::<F>(w, b..end, y);
+            b = end;
+        }
+    }
+
+    /// Every row tile against columns `cols`.
+    fn block<F: Kernels>(&self, w: &[F::Raw], cols: std::ops::Range<usize>, y: &Output) {
         let (k, n) = (self.k, self.n);
         let mut sums: Lanes = [[[0.0; LANES]; ROW_TILE]; COLUMN_GROUP];
         let mut r0 = 0;
@@ -186,6 +201,9 @@ impl Product<'_> {
         }
     }
 }
+
+/// Weights a column block holds (`Product::columns`): a share of a core's L2 cache.
+const BLOCK_BYTES: usize = 256 * 1024;
 
 /// The tail of `k % 16` inputs into `lanes`, then the reduction: the same scalar code after
 /// every kernel.
