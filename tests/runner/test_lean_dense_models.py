@@ -101,7 +101,7 @@ def test_a_dense_gguf_runs_lean_as_its_float64_forward(
 ) -> None:
     """The tiny GGUFs carry no tokenizer: the runner is built over their weights. Blocks take
     float32 activations here (the bound is float32's; int8's is rust/cpu_ops/tests), and the
-    cells are float32 (the default pool under that dot is bf16, which rounds K and V)."""
+    cells are float32 (the default pool is bf16, which rounds K and V)."""
     options, weights = GGUF_FILES[case]
     path = tmp_path / "tiny.gguf"
     write_tiny(path, "llama", **options)  # type: ignore[arg-type]
@@ -151,7 +151,7 @@ def test_auto_serves_a_hugging_face_directory_on_the_lean_runner(
     params = kvpark.SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
     out = llm.generate(PROMPT, params)[0]
     assert out.error is None
-    seq, _ = greedy(LeanCpuRunner.load(config(str(root))))
+    seq, _ = greedy(LeanCpuRunner.load(config(str(root), kv_dtype="auto")))  # the same pool
     assert out.choices[0].token_ids == seq[len(PROMPT) :]
 
 

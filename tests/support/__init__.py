@@ -12,6 +12,8 @@
 - ``kernels``: random tensors, tolerances and paged step layouts for the Triton kernel tests;
 - ``cli_args``: the command line parsed in-process (configs, usage errors, ``--help`` text);
 - ``hf_runner``: a custom runner on transformers' Llama, written against the public protocol.
+- ``llamacpp``: kvpark's steps against llama.cpp's recorded greedy tokens by one rule
+  (``step_fault``), for the llama.cpp comparison and the KV pool rule under int8;
 - ``kquants``: GGUF K-quant bytes (a reference quantiser, random valid blocks), which gguf cannot
   write;
 - ``tiny_gguf`` / ``tiny_hf``: tiny random GGUF files and Hugging Face checkpoints of each variant

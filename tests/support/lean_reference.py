@@ -12,7 +12,8 @@ roundings in sequence (norm, product, bias, Q/K norm, rope, the attention's dot,
 sum, output product, bias, residual; norm, gate/up, silu's exp, divide and product, down,
 residual). Block matrices take float32 activations there (``block_dot="float32"``): each
 expanded weight is the dequantised one exactly, so the products are float32 sums like the
-dense ones. Greedy tokens must match the float64 forward's wherever its top two logits are
+dense ones. The cells are float32 too (``config``'s default, not the runner's: a bf16 pool
+rounds K and V). Greedy tokens must match the float64 forward's wherever its top two logits are
 further apart than twice the bound.
 """
 
@@ -44,6 +45,9 @@ def gamma(n: int) -> float:
 
 
 def config(path: str, **options: object) -> EngineConfig:
+    """The runner's config, with float32 cells unless ``kv_dtype`` says otherwise: the bound is
+    float32's, and the default pool (bf16) rounds each K and V to 8 bits of fraction."""
+    options.setdefault("kv_dtype", "float32")
     model = ModelConfig(model=path, threads=1, **options)  # type: ignore[arg-type]
     return EngineConfig(model=model, pool=PoolConfig(kv_cells=CELLS, page_size=PAGE))
 

@@ -7,9 +7,9 @@ the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
 =====================  ==============  ================================  ==============  ==========
 effective ISA          decode rows     prompt chunks                     exact mode      KV cells
 =====================  ==============  ================================  ==============  ==========
-avx512 (+ VNNI)        int8 x blocks   int8 x blocks                     int8 x blocks   float32
-avx2                   int8 x blocks   int8 x blocks                     int8 x blocks   float32
-plain (no AVX2)        int8 x blocks   int8 x blocks                     int8 x blocks   float32
+avx512 (+ VNNI)        int8 x blocks   int8 x blocks                     int8 x blocks   bfloat16
+avx2                   int8 x blocks   int8 x blocks                     int8 x blocks   bfloat16
+plain (no AVX2)        int8 x blocks   int8 x blocks                     int8 x blocks   bfloat16
 =====================  ==============  ================================  ==============  ==========
 
 The CPU has one execution stack, the Rust decoder (runner/lean_runner.py), so every ISA takes
@@ -29,15 +29,29 @@ auto``), so that every row has one arithmetic. ``--block-dot float32`` multiplie
 activations by each block expanded to float32 instead. A dense prompt GEMM (``--prompt-path
 float32`` or ``bfloat16``) is the torch runner's: asked for, it runs the model there.
 
-``--kv-dtype auto`` takes a 16-bit pool only where the greedy rule holds for the arithmetic in
-force: the parity prompts' 32 greedy tokens equal the float32 pool's
-(tests/runner/test_cpu_paths.py). Under float32 activations both bf16 and f16 cells hold it, and
-auto is bfloat16; under int8 activations neither does (the 8-bit rounding turns the cells' last
-bits into different near-ties within 32 tokens), so auto is float32 there. A float16 model keeps
-float16 cells; f16, bf16 and f32 (or float32, bfloat16, float16) name a pool's cells explicitly.
-The rule keys on the block dot, before the model is read: a model without blocks (a Hugging Face
-checkpoint on the lean runner, float32 activations throughout) keeps the pool it picks, float32
-under the default int8 dot, since the greedy rule was measured on the default model's blocks.
+``--kv-dtype auto`` follows the pool rule: a 16-bit pool is the default where it agrees with the
+reference of the arithmetic in force at least as well as the float32 pool does
+(tests/runner/test_cpu_path_greedy.py checks each case, and that auto follows it):
+
+- float32 activations (``--block-dot float32``, dense weights): the reference is the float32
+  pool itself; a 16-bit pool must keep its 32 greedy tokens on the parity prompts. bf16 and f16
+  cells both do.
+- int8 activations (the default): the reference is llama.cpp, whose arithmetic int8 mirrors and
+  which itself keeps 16-bit (f16) cells, not the float32 pool (neither 16-bit pool keeps that
+  one's greedy tokens: the 8-bit rounding turns the cells' last bits into other near-ties). A
+  16-bit pool must agree with llama.cpp's recorded steps (tests/data/llamacpp_greedy.json) at
+  least as well as the float32 pool: no fault of tests/model/test_llamacpp_greedy.py's rule
+  (``step_fault``, tests/support/llamacpp.py) on the teacher-forced and the free-running steps,
+  and no more teacher-forced near-tie flips than the float32 pool's. bf16 and f16 cells both do
+  (2 and 4 flips against 6).
+
+So auto is bfloat16 under both block dots: fewer flips than f16 under int8, a widening that is a
+shift (as fast as F16C's, faster without it), and float32's range, where f16 overflows past
+65504. It halves the pool's memory and attention's reads; the cost is greedy tokens that differ
+from the float32 pool's at near-ties. A float16 model keeps float16 cells; f16, bf16 and f32 (or
+float32, bfloat16, float16) name a pool's cells explicitly, ``f32`` for the float32 pool. The rule
+keys on the block dot, before the model is read: a model without blocks (a Hugging Face
+checkpoint on the lean runner, float32 activations throughout) takes bfloat16 cells too.
 
 Under an explicit dense prompt path a step takes the dense GEMM when its prompt chunks (items of
 more than one row) hold at least ``PROMPT_MIN_ROWS`` rows in all (``step_rows.takes_prompt_path``).
@@ -77,7 +91,7 @@ class CpuPaths:
     dtype: str  # activations and dense weights: float32 or bfloat16 (or float16)
     blocks: bool  # decode rows multiply GGUF blocks in Rust
     prompt_dtype: str | None  # prompt chunks in a dense GEMM of this dtype; None: as decode rows
-    kv_dtype: str = "float32"  # the KV pool's cells
+    kv_dtype: str = "bfloat16"  # the KV pool's cells
     prompt_min_rows: int = PROMPT_MIN_ROWS
     # how block products multiply: int8 activations (llama.cpp's arithmetic) or float32 ones
     block_dot: str = "int8"
@@ -175,14 +189,11 @@ def choose(
     if kv_dtype == "auto":
         if dtype == "float16":
             kv_dtype = "float16"  # a float16 model keeps float16 cells
-        elif blocks and block_dot == "int8":
-            # under int8 activations neither 16-bit pool keeps the float32 pool's 32 greedy
-            # tokens on the parity prompts (tests/runner/test_cpu_paths.py): the rule says f32
-            kv_dtype = "float32"
         else:
-            # bf16 and f16 cells both keep them and halve the pool; bf16 because its widening
-            # (a shift) is as fast as F16C's, faster without it, and it has float32's range,
-            # where f16 overflows past 65504 (docs/cpu-kernels.md)
+            # the pool rule (module docstring): under float32 activations bf16 keeps the float32
+            # pool's greedy tokens; under int8 ones it agrees with llama.cpp, the reference of
+            # that arithmetic, at least as well as the float32 pool does; and it has float32's
+            # range (f16 overflows past 65504)
             kv_dtype = "bfloat16"
     return CpuPaths(
         isa=isa,

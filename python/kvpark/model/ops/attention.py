@@ -16,8 +16,8 @@ after the row's own position. Decode sequences are cut into groups of about DECO
 gathered K and V, so SDPA reads them while they are still in cache: on the 2-core dev VM that made
 fp32 decode attention 1.2-1.6x faster at 256-1024 cells per sequence and changed little elsewhere.
 
-On the CPU with a float32 pool, decode rows skip the gather: ``cpu_attention`` reads their cells
-in place, all decode sequences in one Rust call per layer.
+On the CPU (a float32, bf16 or f16 pool), decode rows skip the gather: ``cpu_attention`` reads
+their cells in place, all decode sequences in one Rust call per layer.
 
 This path is fast, not batch invariant (SDPA's kernel and tiling follow the batch's shape):
 exact mode brings its own attention (docs/exact.md).
