@@ -90,10 +90,10 @@ def test_the_f32_file_keeps_the_tokenizer_and_template(tmp_path: Path) -> None:
 
 
 def test_types_and_the_quantize_command_lines() -> None:
-    assert qf.TYPES[-1] == "F32" and len(qf.TYPES) == 9
+    assert qf.TYPES[-1] == "F32" and len(qf.TYPES) == 11
     assert qf.parse_types("f16, Q4_K_M") == ["Q4_K_M", "F16"]  # the table's order
     assert qf.parse_types("all") == list(qf.TYPES)
-    for bad in ("Q2_K", "", "Q8_0,IQ4_NL"):
+    for bad in ("Q2_K", "", "Q8_0,IQ2_XS"):
         with pytest.raises(ValueError):
             qf.parse_types(bad)
     tool, folder = Path("/t/llama-quantize"), Path("/f")

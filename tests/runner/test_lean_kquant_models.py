@@ -133,3 +133,24 @@ def test_a_fused_matrix_of_two_kinds_runs_lean_part_by_part(
     for dot in ("int8", "float32"):
         alone, beside = alone_and_beside_others(runner(path, tokenizer, block_dot=dot, exact=True))
         assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
+
+
+def test_iq4_nl_and_iq4_xs_matrices_run_lean_as_their_float64_forward(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """IQ4_XS attention and down, IQ4_NL gate/up and head: all q8 blocks (a table value per
+    nibble), within the float64 forward's bound; exact mode's rows alone equal them beside
+    others."""
+    path = tmp_path / "iq4.gguf"
+    write_tiny(
+        path, "llama", attn=Q.IQ4_XS, mlp=Q.IQ4_NL, down=Q.IQ4_XS, head=Q.IQ4_NL, embed=Q.Q8_0
+    )  # type: ignore[arg-type]
+    r = runner(path, tokenizer, block_dot="float32")
+    layer = r.weights.layers[0].matrices
+    assert {attr: getattr(m, "kind", None) for attr, m in layer.items()} == {
+        "qkv_w": "q8", "o_w": "q8", "gate_up_w": "q8", "down_w": "q8",
+    }  # fmt: skip
+    assert isinstance(r.weights.head, Blocks) and r.weights.head.kind == "q8"
+    check_logits(r)
+    alone, beside = alone_and_beside_others(runner(path, tokenizer, exact=True))
+    assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)

@@ -12,6 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
+from support.iq4 import quantize_iq4
 from support.kquants import random_kquant
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 256, 4, 2, 512, 96, 2
@@ -52,6 +53,8 @@ def write_tiny(
             w.add_tensor(name, x)
         elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantise K-quants
             w.add_tensor(name, random_kquant(qtype, rows, cols, seed=rows), raw_dtype=qtype)
+        elif qtype in (Q.IQ4_NL, Q.IQ4_XS):  # nor the IQ4 types
+            w.add_tensor(name, quantize_iq4(x, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, quants.quantize(x, qtype), raw_dtype=qtype)
 

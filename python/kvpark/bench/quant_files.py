@@ -45,7 +45,10 @@ from kvpark.bench.machine import default_model
 Q = gguf.GGMLQuantizationType
 SOURCE_TYPE = "F32"  # what llama-quantize reads: the exact dequantised source
 # the types of the table, in its order; F32 is the source file itself
-TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "F16", "BF16", SOURCE_TYPE)
+TYPES = (
+    "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "IQ4_XS", "IQ4_NL", "F16", "BF16",
+    SOURCE_TYPE,
+)  # fmt: skip
 RECORD = "quant-files.json"
 
 

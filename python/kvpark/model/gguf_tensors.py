@@ -1,8 +1,9 @@
 """A GGUF file's tensors read into numpy under Hugging Face names, without torch; the header is
 model/gguf_file.py's.
 
-A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q5_0, Q5_1, Q4_K, Q5_K or Q6_K
-one repacked into them (``blocks``; q5_blocks.py, kquant_repack.py); every other tensor comes
+A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+IQ4_NL or IQ4_XS one repacked into them (``blocks``; q5_blocks.py, kquant_repack.py,
+iq4_blocks.py); every other tensor comes
 dense: F32 and F16 as they are, BF16 as its uint16 bits, anything quantised dequantised to
 float32 (Q8_0, Q4_0 and Q4_1 here, bitwise as ``gguf.quants`` and 5x faster; the rest, the
 quantised types without ``blocks`` among them, by ``gguf.quants``). Tensor data is memory-mapped
@@ -33,6 +34,7 @@ from kvpark.model.gguf_blocks import (
     unpermute_rows,
 )
 from kvpark.model.gguf_file import SKIPPED, GgufFile, TensorInfo, hf_name
+from kvpark.model.iq4_blocks import IQ4_TYPES, iq4_blocks
 from kvpark.model.kquant_repack import KQUANT_TYPES, kquant_blocks
 from kvpark.model.q5_blocks import Q5_TYPES, q5_blocks
 from kvpark.model.weight_arrays import Dense, NamedTensor, Single, converted
@@ -40,7 +42,8 @@ from kvpark.model.weight_arrays import Dense, NamedTensor, Single, converted
 Q = GGMLQuantizationType
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
-KEPT_TYPES = BLOCK_TYPES + Q5_TYPES + KQUANT_TYPES  # the GGML types a matrix can keep as blocks
+# the GGML types a matrix can keep as blocks
+KEPT_TYPES = BLOCK_TYPES + Q5_TYPES + KQUANT_TYPES + IQ4_TYPES
 
 
 def iter_tensors(
@@ -124,6 +127,8 @@ def read_tensor(g: GgufFile, info: TensorInfo, *, blocks: bool = False) -> Singl
             if qtype in BLOCK_TYPES
             else q5_blocks
             if qtype in Q5_TYPES
+            else iq4_blocks
+            if qtype in IQ4_TYPES
             else kquant_blocks
         )
         value = make(qtype, raw, shape)

@@ -36,7 +36,7 @@ from kvpark.model.weight_arrays import (
 from kvpark.model.weight_names import LAYER_RE, WHOLE, expert_attr, layer_entry, layer_matrices
 
 # gguf_tensors.KEPT_TYPES, as a message says them
-KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K"
+KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS"
 
 
 def assemble_weights(
