@@ -14,7 +14,6 @@ set to a folder the tests save the screenshots docs/web.md shows (``WEB_SCREENSH
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +27,7 @@ from support.servers import Server, launch_server, stop_server, wait_healthy
 from support.web_pages import (
     STORE,
     WATCH_LABELS,
+    chat_in_thread,
     open_page,
     record_of,
     screenshot,
@@ -192,24 +192,6 @@ return {
 """
 
 
-def chat_in_thread(server: Server, text: str, done: list[str]) -> threading.Thread:
-    def run() -> None:
-        body = {"messages": [{"role": "user", "content": text}], "max_tokens": 96,
-                "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
-        with (
-            server.client() as client,
-            client.stream("POST", "/v1/chat/completions", json=body) as r,
-        ):
-            assert r.status_code == 200
-            for _ in r.iter_lines():
-                pass
-        done.append(text)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_the_pool_view_draws_pages_that_change_while_two_chats_run(
     servers: tuple[Server, Server], driver: Any
 ) -> None:
@@ -220,14 +202,13 @@ def test_the_pool_view_draws_pages_that_change_while_two_chats_run(
         "the pool view live",
         lambda d: d.find_element(By.ID, "line").get_attribute("data-state") == "live",
     )
-    done: list[str] = []
-    threads = [
-        chat_in_thread(parking, text, done)
+    chats = [
+        chat_in_thread(parking, text, 96)
         for text in ("Tell me about owls.", "Describe a storm at sea.")
     ]
     drawings, most_owners, rows, shot = set(), 0, 0, False
     deadline = time.monotonic() + 120
-    while len(done) < 2 and time.monotonic() < deadline:
+    while not all(c.finished.is_set() for c in chats) and time.monotonic() < deadline:
         seen = driver.execute_script(SEEN)  # in one go: the page redraws between two calls
         drawings.add(seen["drawing"])
         most_owners = max(most_owners, seen["counts"]["owners"])
@@ -238,9 +219,7 @@ def test_the_pool_view_draws_pages_that_change_while_two_chats_run(
             screenshot(driver, "pool.png")
             shot = True  # both drawn, both parked at least twice, while they run
         time.sleep(0.1)
-    for thread in threads:
-        thread.join(10)
-    assert len(done) == 2, "the chats did not finish"
+    assert all(c.completed for c in chats), "the chats did not finish"
     assert most_owners >= 2, "the grid never showed both chats' pages at once"
     assert shot, "the table never showed both chats running with their parks"
     assert len(drawings) >= 3, "the grid did not change while the chats ran"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from support.browser import wait_for
+from support.servers import Server
 
 STORE = "kvpark.chats.v1"
 # every label an answer's status line takes while the page is watched (text nodes are replaced,
@@ -54,11 +56,15 @@ def open_page(driver: Any, url: str, key: str | None = None) -> None:
 
 
 def set_settings(driver: Any, **values: str) -> None:
-    """Open the settings panel, set each field (``max_tokens="40"``), close it again."""
+    """Open the settings panel, set each field (``max_tokens="40"``, ``json="on"``), close it
+    again."""
     driver.find_element(By.ID, "settings-button").click()
     for name, value in values.items():
         field = driver.find_element(By.ID, f"set-{name}")
-        if field.get_attribute("type") == "range":  # a slider: set it as a drag would
+        if field.get_attribute("type") == "checkbox":  # "on" or "off"
+            if field.is_selected() != (value == "on"):
+                field.click()
+        elif field.get_attribute("type") == "range":  # a slider: set it as a drag would
             driver.execute_script(
                 "arguments[0].value = arguments[1];"
                 "arguments[0].dispatchEvent(new Event('input', {bubbles: true}));",
@@ -112,3 +118,42 @@ def screenshot(driver: Any, name: str) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(Path(folder) / name))
+
+
+class ChatThread:
+    """A streamed chat from Python, beside the browser's: ``stop()`` hangs up (the server aborts
+    it); ``finished`` is set when it ends, ``completed`` when it was read to ``[DONE]``."""
+
+    def __init__(self, server: Server, text: str, max_tokens: int) -> None:
+        self.body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                     "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+        self.server = server
+        self.started = threading.Event()  # its first chunk came: it holds a slot
+        self.finished = threading.Event()
+        self.completed = False
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            with (
+                self.server.client() as client,
+                client.stream("POST", "/v1/chat/completions", json=self.body) as response,
+            ):
+                assert response.status_code == 200, response.status_code
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        self.started.set()
+                    if line == "data: [DONE]":
+                        self.completed = True
+                    if self._stop.is_set():
+                        return
+        finally:
+            self.finished.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def chat_in_thread(server: Server, text: str, max_tokens: int) -> ChatThread:
+    return ChatThread(server, text, max_tokens)
