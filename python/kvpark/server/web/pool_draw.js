@@ -172,7 +172,8 @@ function drawCards(view, counts) {
   const c = view.counts;
   $("card-requests").textContent = `${c.running} running`;
   $("card-requests-detail").textContent = `${c.waiting} waiting · ${c.parked} parked · ${c.finished} done`;
-  $("card-parks").textContent = `${c.parks_swap + c.parks_recompute} parks`;
+  const parks = c.parks_swap + c.parks_recompute;
+  $("card-parks").textContent = `${parks} park${parks === 1 ? "" : "s"}`;
   $("card-parks-detail").textContent =
     `${c.parks_swap} swap · ${c.parks_recompute} recompute · ${c.resumes} resumed · ${c.rotations} rotations`;
   const p = view.preempt;
