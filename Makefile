@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export PYO3_PYTHON := $(abspath $(PY))
 
-.PHONY: serve test setup setup-serve wheel wheel-check rust-checks python-checks pytest fuzz clean
+.PHONY: serve test setup setup-serve wheel wheel-check rust-checks python-checks browser pytest fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,18 @@ python-checks: setup
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest kvpark._core
 
+# The web pages' tests drive Debian's chromium through its chromedriver (tests/support/browser.py):
+# installed here where either is missing, so that no test ever downloads a browser.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
 # pytest's own script, not `python -m pytest`: `-m` puts the repo root on sys.path, where the
 # Triton sources in kernels/ (shipped as kvpark.kernels) shadow PyPI's `kernels` package, which
 # transformers >= 5.25 imports when installed.
-pytest: setup
+pytest: setup browser
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n auto --dist loadfile tests
 
 test: setup rust-checks python-checks wheel-check pytest

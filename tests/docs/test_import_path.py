@@ -21,5 +21,6 @@ def test_the_repo_root_is_not_on_sys_path() -> None:
 
 def test_the_makefile_runs_pytests_own_script() -> None:
     lines = (REPO / "Makefile").read_text().splitlines()
-    recipe = lines[lines.index("pytest: setup") + 1]
+    target = next(i for i, line in enumerate(lines) if line.startswith("pytest: setup"))
+    recipe = lines[target + 1]
     assert recipe.strip().startswith("$(VENV)/bin/pytest "), recipe

@@ -162,6 +162,13 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         "to its tcp_wmem maximum)",
     )
 
+    p.add_argument(
+        "--no-web",
+        action="store_true",
+        help="serve neither the chat page at / nor the pool view at /pool (and their files "
+        "under /web/): / then answers 404, and with an API key 401, like any unknown route",
+    )
+
 
 def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> ServerConfig:
     return ServerConfig(
@@ -185,6 +192,7 @@ def server_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Serve
         response_store_mib=args.response_store_mib,
         response_store_ttl=args.response_store_ttl,
         send_buffer=args.send_buffer,
+        web=not args.no_web,
     )
 
 

@@ -153,3 +153,4 @@ class ServerConfig:
     response_store_mib: int = 256
     response_store_ttl: float = 3600.0
     send_buffer: int = 65536  # SO_SNDBUF of every connection (0: the kernel's, growing to 4 MiB)
+    web: bool = True  # the chat page at / and the pool view at /pool (--no-web: neither)

@@ -37,6 +37,7 @@ from kvpark.engine.embeddings import EmbedJob, check_embedding
 from kvpark.engine.engine_thread import FAILED, EngineThread
 from kvpark.engine.llm_engine import LLMEngine, RequestRejected
 from kvpark.engine.outputs import ErrorEvent, FinishedEvent, StreamEvent
+from kvpark.engine.pool_view import PoolFeed
 from kvpark.engine.props import describe_props
 from kvpark.engine.stats import EngineStats
 from kvpark.sampling.params import SamplingParams
@@ -161,6 +162,12 @@ class AsyncEngine(EngineThread):
         self._post("abort", request_id)
 
     # ----------------------------------------------------------------- read-only views
+    def watch_pool(self, feed: PoolFeed) -> None:
+        """Send pool snapshots to ``feed`` while it says someone watches, at most one per its
+        interval (engine/pool_view.py), and look at it now."""
+        self.pool_feed = feed
+        self._wake.set()
+
     def slots(self) -> list[dict[str, object]]:
         return list(self._slots)
 

@@ -30,6 +30,7 @@ from kvpark.engine.add_batches import AddBatches
 from kvpark.engine.embeddings import EmbedJob, embed_member
 from kvpark.engine.llm_engine import LLMEngine, RequestRejected, queue_full
 from kvpark.engine.outputs import ErrorEvent, QueuedEvent, StreamEvent
+from kvpark.engine.pool_view import PoolFeed, PoolView
 from kvpark.engine.slots import describe_slots
 from kvpark.engine.step_failures import check_pool, fail_step
 from kvpark.engine.step_watch import StepWatch
@@ -65,6 +66,9 @@ class EngineThread:
         self._announced: set[str] = set()  # waiting requests told so (engine thread only)
         self._adds = AddBatches(lambda batch: self._post("add", batch))  # one item per tick
         self._embeds: collections.deque[EmbedJob] = collections.deque()  # engine thread only
+        # GET /v1/pool/events: the server's hub, once a viewer has come (engine/pool_view.py)
+        self.pool_feed: PoolFeed | None = None
+        self._pool_view = PoolView()  # engine thread only
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name="kvpark-engine", daemon=True)
@@ -148,11 +152,23 @@ class EngineThread:
                 self._streams.dispatch(events)
                 watch.after_step()
                 self._slots = describe_slots(engine)
+                self._pool_tick(engine)
             elif not self._embeds:
                 self._slots = describe_slots(engine)
+                due = self._pool_tick(engine)  # an abort just now changed the pool
                 self._busy_since = None
-                self._wake.wait(IDLE_WAIT_S)
+                self._wake.wait(IDLE_WAIT_S if due is None else min(due, IDLE_WAIT_S))
                 self._wake.clear()
+
+    def _pool_tick(self, engine: LLMEngine) -> float | None:
+        """A pool snapshot if one is due and someone watches; the seconds until the next may be
+        (None: nobody watches). A bug here turns the pool view off, never the engine."""
+        try:
+            return self._pool_view.tick(engine, self.pool_feed)
+        except Exception:
+            log.exception("the pool view failed: GET /v1/pool/events gets no more snapshots")
+            self.pool_feed = None
+            return None
 
     def _drain_inbox(self) -> None:
         assert self._engine is not None

@@ -16,6 +16,7 @@ from kvpark.config.env import Knobs
 from kvpark.config.layers import EngineConfig
 from kvpark.engine.choices import Choices
 from kvpark.engine.outputs import Events, FinishedEvent, StreamEvent
+from kvpark.engine.pool_log import PoolLog
 from kvpark.engine.request_checks import RequestRejected as RequestRejected
 from kvpark.engine.request_checks import check_request
 from kvpark.engine.stats import EngineStats, Observations
@@ -74,6 +75,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.pool, config.scheduler, self.max_model_len, salt)
         self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
         self.observations = Observations()
+        self.pool_log = PoolLog()  # parks, resumes, rotations: the pool view's timeline
         self._requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(self.tokenizer)
         self.choices = Choices(self.tokenizer, self.grammars, self.vocab_size, self.max_model_len)
@@ -177,6 +179,7 @@ class LLMEngine:
             events.fail(req.request_id, CONTEXT_ERROR, "exceed_context_size_error")
         if not plan.empty:
             self._run(plan, events)
+        self.pool_log.note_step(events.notices, self._requests, self.stats.rotations_total)
         self.stats.steps_total += 1
         self._refresh_gauges()
         return events.by_request

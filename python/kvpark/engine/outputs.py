@@ -76,6 +76,8 @@ class Events:
     step's tokens). The engine collects them; preemption adds its notices through it."""
 
     by_request: dict[str, list[StreamEvent]] = field(default_factory=dict)
+    # (request id, kind) of every park notice, in order: the pool's timeline (engine/pool_log.py)
+    notices: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, request_id: str, event: StreamEvent) -> None:
         self.by_request.setdefault(request_id, []).append(event)
@@ -83,6 +85,7 @@ class Events:
     def notice(self, request_id: str, kind: str) -> None:
         """A park notice: ``preempted``, ``resumed`` or ``recomputed``."""
         self.add(request_id, NoticeEvent(kind))
+        self.notices.append((request_id, kind))
 
     def fail(self, request_id: str, message: str, kind: str = "server_error") -> None:
         """The request failed after it was accepted (HTTP 500)."""

@@ -1,4 +1,5 @@
-"""HTTP routes: OpenAI completions and chat, tokenizer utilities, health, props, slots, metrics.
+"""HTTP routes: OpenAI completions and chat, tokenizer utilities, health, props, slots, metrics,
+the pool's event stream and the two web pages.
 
 The server never touches the pool or tensors. Every generating route (chat, completions, Responses,
 Messages) runs through :mod:`pipeline`: it parses, asks ``engine.check_request`` about every prompt
@@ -38,6 +39,7 @@ from kvpark.server.messages_api import create_message
 from kvpark.server.metrics import CONTENT_TYPE
 from kvpark.server.openai_api import CHAT, COMPLETIONS
 from kvpark.server.pipeline import generate
+from kvpark.server.pool_events import PoolEvents
 from kvpark.server.reattach_response import reattach
 from kvpark.server.responses_api import create_response
 from kvpark.server.responses_kept import (
@@ -48,6 +50,7 @@ from kvpark.server.responses_kept import (
 )
 from kvpark.server.served_model import ServedModel
 from kvpark.server.tokenize_api import detokenize, tokenize
+from kvpark.server.web_pages import WebPages, is_open
 
 if TYPE_CHECKING:
     from kvpark.engine.async_engine import AsyncEngine
@@ -139,6 +142,11 @@ class Routes(ServedModel):
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
+    async def pool_events(self, request: Request) -> Response:  # GET /v1/pool/events
+        self.ready_engine()
+        viewer = PoolEvents(self.pool_hub, self.lifecycle, self.config.stall_timeout)
+        return viewer  # type: ignore[return-value]  # an ASGI app like any Response
+
 
 def _guard(handler: Handler) -> Handler:
     """Turn a bug in a handler into a logged 500, without Starlette re-raising it to the server."""
@@ -183,10 +191,21 @@ def build_app(
         Route("/props", _guard(r.props), methods=["GET"]),
         Route("/slots", _guard(r.slots), methods=["GET"]),
         Route("/metrics", _guard(r.metrics_text), methods=["GET"]),
+        Route("/v1/pool/events", _guard(r.pool_events), methods=["GET"]),
     ]
+    if server_config.web:  # the chat page and the pool view (docs/web.md); off: --no-web
+        web = WebPages(auth=bool(server_config.api_keys))
+        routes += [
+            Route("/", _guard(web.page), methods=["GET"]),
+            Route("/pool", _guard(web.page), methods=["GET"]),
+            Route("/web/{name}", _guard(web.asset), methods=["GET"]),
+        ]
     middleware = [Middleware(InFlight, lifecycle=lifecycle)]
     if server_config.api_keys:
-        middleware.append(Middleware(APIKeyMiddleware, api_keys=server_config.api_keys))
+        also_open = is_open if server_config.web else None
+        middleware.append(
+            Middleware(APIKeyMiddleware, api_keys=server_config.api_keys, also_open=also_open)
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -195,6 +214,7 @@ def build_app(
         try:
             yield
         finally:
+            r.pool_hub.close()
             await r.reattach.close()
             await close_background(r.response_store)
             if start_engine:

@@ -1,4 +1,4 @@
-"""API-key check: with keys set, every route but ``/health`` needs one of them.
+"""API-key check: with keys set, every route but ``/health`` (and the web pages) needs one of them.
 
 A key comes as ``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (what the
 ``anthropic`` client sends); either one, if it matches, lets the request in. A pure ASGI
@@ -30,13 +30,24 @@ ERROR_SHAPES: dict[str, Callable[[APIError], Response]] = {
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_keys: Sequence[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_keys: Sequence[str],
+        also_open: Callable[[str], bool] | None = None,
+    ) -> None:
+        """``also_open``: paths besides ``/health`` served without a key (the web pages, which
+        ask for the key themselves: server/web_pages.py)."""
         self.app = app
         self.keys = [k.encode("utf-8") for k in api_keys]
         self.digests = [hashlib.sha256(k).digest() for k in self.keys]
+        self.also_open = also_open
+
+    def _open(self, path: str) -> bool:
+        return path in OPEN_PATHS or (self.also_open is not None and self.also_open(path))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or self._open(scope["path"]):
             await self.app(scope, receive, send)
             return
         bearer = _header(scope, b"authorization")

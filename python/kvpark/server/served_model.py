@@ -13,6 +13,7 @@ from kvpark.server.errors import APIError
 from kvpark.server.kept_metrics import KeptCollector
 from kvpark.server.lifecycle import SHUTTING_DOWN, Lifecycle
 from kvpark.server.metrics import ServerMetrics
+from kvpark.server.pool_feed import PoolCollector, PoolHub
 from kvpark.server.reattach import Reattach
 from kvpark.server.response_store import MIB, ResponseStore
 
@@ -40,6 +41,9 @@ class ServedModel:
             config.response_store, config.response_store_mib * MIB, config.response_store_ttl
         )
         self.metrics.registry.register(KeptCollector(self.reattach, self.response_store))
+        # GET /v1/pool/events: one subscription to the engine's snapshots for every viewer
+        self.pool_hub = PoolHub(engine)
+        self.metrics.registry.register(PoolCollector(self.pool_hub))
 
     def ready_engine(self) -> AsyncEngine:
         """The engine, or the 503 (500 for a model that failed to load) every route answers

@@ -50,6 +50,7 @@ PING = b":\n\n"
 KEEPALIVE = b": preempt-keepalive\n\n"
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE_CAP_S = 2.0
+REQUEST_ID_HEADER = b"x-kvpark-request-id"  # the id /slots and the pool view name it by
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -263,7 +264,10 @@ class SSEResponse:
             failure = APIError(500, f"internal error: {type(exc).__name__}")
             await self.framing.error_response(failure)(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        headers = list(HEADERS)
+        if self.request_id:  # before any chunk carries the id: a page that looks up /slots
+            headers.append((REQUEST_ID_HEADER, self.request_id.encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
             await self._body(send, first)
             try:
