@@ -8,9 +8,10 @@ says how to remake it).
 What "agree" means. The two do not compute the same sums: llama.cpp rounds every activation row to
 8-bit blocks (q8_1) before its Q4_1 dot products and keeps K/V in float16; kvpark multiplies the
 Q4_1 blocks by int8 activations of its own rounding (the default, ``--block-dot int8``) or by
-float32 ones (``--block-dot float32``), and keeps K/V in bfloat16 by default (``--kv-dtype
-auto``). Where llama.cpp's two best tokens are nearly tied the two may pick differently, and
-after that their contexts differ and a free-running comparison has nothing left to compare. On
+float32 ones (``--block-dot float32``), and keeps K/V in float16 under int8 activations and
+bfloat16 under float32 ones by default (``--kv-dtype auto``). Where llama.cpp's two best tokens
+are nearly tied the two may pick differently, and after that their contexts differ and a
+free-running comparison has nothing left to compare. On
 these prompts that happens early (the first prompt's first token is a tie: "L" at -1.92 against
 "The" at -2.01 in llama.cpp; kvpark with float32 activations and transformers fp32 both pick
 "The"), so "the first 16 of 32 tokens equal" would fail a correct implementation. The rule
@@ -38,11 +39,13 @@ forced steps equal, the other 5 at llama.cpp leads under 0.13 nats, logprob diff
 other 2 at leads under 0.01 nats, median 0.03, max 0.21. A numerics bug (a wrong block scale, a
 misread cell, a broken norm) moves log-probabilities by whole nats and flips decisive steps.
 
-Under int8 each KV pool, measured 2026-12-05 (the same bits on every ISA): float32 cells,
-prefixes 7 / 14 / 20, 6 of 96 forced steps at llama.cpp's second, |logprob diff| median 0.037, max
-0.217; bfloat16 (the default), 32 / 14 / 32, 2 of 96, 0.037, 0.230; float16 (llama.cpp's own cell
-format), 7 / 28 / 32, 4 of 96, 0.032, 0.287; no faults for any. test_cpu_path_greedy.py judges the
-pool rule under int8 on these (docs/cpu-kernels.md, "The KV pool's cells").
+Under int8 each KV pool, measured 2026-12-05 after the attention kernel took its own polynomial
+exp and 16-lane dot (the same bits on every ISA): float32 cells, prefixes 7 / 14 / 25, 5 of 96
+forced steps at llama.cpp's second, |logprob diff| median 0.033, max 0.438; float16 (llama.cpp's
+own cell format, the default), 15 / 32 / 11, 3 of 96, 0.033, 0.291; bfloat16, 7 / 14 / 32, 5 of
+96, 0.045, 0.524: one fault, prompt 0 step 9, 0.52 nats off llama.cpp's log-probability.
+test_cpu_path_greedy.py judges the pool rule under int8 on these (docs/cpu-kernels.md, "The KV
+pool's cells").
 """
 
 from __future__ import annotations
@@ -66,10 +69,12 @@ def reference() -> dict[str, Any]:
 @pytest.fixture(scope="module", params=["float32", "int8"])
 def llm(default_gguf_path: str, request: pytest.FixtureRequest) -> kvpark.LLM:
     """kvpark's default, ``--block-dot int8`` (llama.cpp's own arithmetic), and ``--block-dot
-    float32`` (float32 activations), each with the bfloat16 pool the pool rule gives it."""
+    float32`` (float32 activations), each with the pool the pool rule gives it (f16 cells under
+    int8, bf16 under float32)."""
     torch.set_num_threads(1)
     llm = kvpark.LLM(default_gguf_path, threads=1, kv_cells=4096, block_dot=request.param)
-    assert llm.engine.runner.cpu_paths.kv_dtype == "bfloat16"  # type: ignore[attr-defined]
+    want = "float16" if request.param == "int8" else "bfloat16"
+    assert llm.engine.runner.cpu_paths.kv_dtype == want  # type: ignore[attr-defined]
     return llm
 
 

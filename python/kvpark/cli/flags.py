@@ -104,9 +104,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=canonical(KV_DTYPE_NAMES),
         default="auto",
         help="the KV pool's cells on the CPU: f32, bf16 or f16 (or float32, bfloat16, float16); "
-        "auto: bf16 under either block dot (a float16 model: f16): half the pool and "
-        "attention's reads, and under int8 at least as close to llama.cpp as f32 cells; greedy "
-        "tokens may differ from f32 cells' at near-ties (docs/cpu-kernels.md)",
+        "auto: f16 under int8 activations (at least as close to llama.cpp as f32 cells, as "
+        "llama.cpp's own cells are f16; values past 65504 overflow), bf16 under --block-dot "
+        "float32 (a float16 model: f16): half the pool and attention's reads; greedy tokens may "
+        "differ from f32 cells' at near-ties (docs/cpu-kernels.md)",
     )
     p.add_argument(
         "--block-dot",

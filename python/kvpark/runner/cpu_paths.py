@@ -7,9 +7,9 @@ the Rust kernels see (``_core._cpu_features``: the CPU's flags under the cap in
 =====================  ==============  ================================  ==============  ==========
 effective ISA          decode rows     prompt chunks                     exact mode      KV cells
 =====================  ==============  ================================  ==============  ==========
-avx512 (+ VNNI)        int8 x blocks   int8 x blocks                     int8 x blocks   bfloat16
-avx2                   int8 x blocks   int8 x blocks                     int8 x blocks   bfloat16
-plain (no AVX2)        int8 x blocks   int8 x blocks                     int8 x blocks   bfloat16
+avx512 (+ VNNI)        int8 x blocks   int8 x blocks                     int8 x blocks   float16
+avx2                   int8 x blocks   int8 x blocks                     int8 x blocks   float16
+plain (no AVX2)        int8 x blocks   int8 x blocks                     int8 x blocks   float16
 =====================  ==============  ================================  ==============  ==========
 
 The CPU has one execution stack, the Rust decoder (runner/lean_runner.py), so every ISA takes
@@ -42,16 +42,20 @@ reference of the arithmetic in force at least as well as the float32 pool does
   16-bit pool must agree with llama.cpp's recorded steps (tests/data/llamacpp_greedy.json) at
   least as well as the float32 pool: no fault of tests/model/test_llamacpp_greedy.py's rule
   (``step_fault``, tests/support/llamacpp.py) on the teacher-forced and the free-running steps,
-  and no more teacher-forced near-tie flips than the float32 pool's. bf16 and f16 cells both do
-  (2 and 4 flips against 6).
+  and no more teacher-forced near-tie flips than the float32 pool's. f16 cells do (3 flips
+  against 5, largest logprob gap 0.29 nats against 0.44, free-running prefixes [15, 32, 11]
+  against [7, 14, 25]): llama.cpp's own cell format. bf16 cells miss it by one teacher-forced
+  step (0.52 nats off llama.cpp's log-probability where the rule allows 0.5).
 
-So auto is bfloat16 under both block dots: fewer flips than f16 under int8, a widening that is a
-shift (as fast as F16C's, faster without it), and float32's range, where f16 overflows past
-65504. It halves the pool's memory and attention's reads; the cost is greedy tokens that differ
-from the float32 pool's at near-ties. A float16 model keeps float16 cells; f16, bf16 and f32 (or
-float32, bfloat16, float16) name a pool's cells explicitly, ``f32`` for the float32 pool. The rule
-keys on the block dot, before the model is read: a model without blocks (a Hugging Face
-checkpoint on the lean runner, float32 activations throughout) takes bfloat16 cells too.
+So auto is float16 under int8 activations and bfloat16 under float32 ones (bf16's widening is a
+shift, as fast as F16C's and faster without it, and it has float32's range). Either halves the
+pool's memory and attention's reads; the cost is greedy tokens that differ from the float32
+pool's at near-ties, and under int8 f16's range: a K or V value past 65504 becomes infinite (as in
+llama.cpp, whose cells are f16 too; ``--kv-dtype bf16`` keeps float32's range). A float16 model
+keeps float16 cells; f16, bf16 and f32 (or float32, bfloat16, float16) name a pool's cells
+explicitly, ``f32`` for the float32 pool. The rule keys on the block dot, before the model is
+read: a model without blocks (a Hugging Face checkpoint on the lean runner, float32 activations
+throughout) takes float16 cells under the default int8 dot too.
 
 Under an explicit dense prompt path a step takes the dense GEMM when its prompt chunks (items of
 more than one row) hold at least ``PROMPT_MIN_ROWS`` rows in all (``step_rows.takes_prompt_path``).
@@ -91,7 +95,7 @@ class CpuPaths:
     dtype: str  # activations and dense weights: float32 or bfloat16 (or float16)
     blocks: bool  # decode rows multiply GGUF blocks in Rust
     prompt_dtype: str | None  # prompt chunks in a dense GEMM of this dtype; None: as decode rows
-    kv_dtype: str = "bfloat16"  # the KV pool's cells
+    kv_dtype: str = "float16"  # the KV pool's cells
     prompt_min_rows: int = PROMPT_MIN_ROWS
     # how block products multiply: int8 activations (llama.cpp's arithmetic) or float32 ones
     block_dot: str = "int8"
@@ -189,11 +193,14 @@ def choose(
     if kv_dtype == "auto":
         if dtype == "float16":
             kv_dtype = "float16"  # a float16 model keeps float16 cells
+        elif blocks and block_dot == "int8":
+            # the pool rule (module docstring): under int8 activations f16 cells agree with
+            # llama.cpp, the reference of that arithmetic, at least as well as the float32 pool
+            # does (bf16 cells miss by one step)
+            kv_dtype = "float16"
         else:
-            # the pool rule (module docstring): under float32 activations bf16 keeps the float32
-            # pool's greedy tokens; under int8 ones it agrees with llama.cpp, the reference of
-            # that arithmetic, at least as well as the float32 pool does; and it has float32's
-            # range (f16 overflows past 65504)
+            # under float32 activations bf16 keeps the float32 pool's greedy tokens, and has
+            # float32's range (f16 overflows past 65504)
             kv_dtype = "bfloat16"
     return CpuPaths(
         isa=isa,
