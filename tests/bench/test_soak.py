@@ -40,9 +40,15 @@ def test_the_judge_tells_a_match_from_a_mismatch_and_a_provoked_500_from_another
 
 
 def test_a_soak_of_64_requests_passes_every_check(tmp_path: Path) -> None:
+    """The smallest pool that holds the plan's longest request alone, and twelve requests in
+    flight for the eight slots: 64 requests must still put the pool under pressure (parks) on a
+    fast machine, where the default 512 cells and eight in flight peaked at 480 used and parked
+    nothing once the kernels got faster."""
+    cells = str(build_plan(0, 64, "default", 32).max_cells())
     run = subprocess.run(
         [sys.executable, "-m", "kvpark", "bench", "--scenario", "soak", "--requests", "64",
-         "--threads", "2", "--port", str(free_port()), "--out", str(tmp_path)],
+         "--threads", "2", "--port", str(free_port()), "--out", str(tmp_path),
+         "--kv-cells", cells, "--concurrency", "12"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
