@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
-use super::{Lanes, LANES};
+use super::{Lanes, LANES, PREFETCH_AHEAD};
 
 /// A format's chunk of 16 values as two vectors of eight f32, widened exactly.
 pub(crate) trait Load: Format {
@@ -92,7 +92,13 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     for ch in 0..chunks {
         for (g, accs) in acc.iter_mut().enumerate() {
-            let wv = F::load(wp.add((g0 + g) * k + ch * LANES));
+            let at = (g0 + g) * k + ch * LANES;
+            // as in avx512.rs: the weights' cache lines asked for a little ahead
+            _mm_prefetch(
+                wp.wrapping_add(at + PREFETCH_AHEAD) as *const i8,
+                _MM_HINT_T0,
+            );
+            let wv = F::load(wp.add(at));
             for (a, at) in accs.iter_mut().zip(row_at) {
                 let xb = xp.add(at + ch * LANES);
                 a[0] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xb), a[0]);

@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
-use super::{Lanes, LANES};
+use super::{Lanes, LANES, PREFETCH_AHEAD};
 
 /// A format's chunk of 16 values as one vector of f32, widened exactly.
 pub(crate) trait Load: Format {
@@ -89,7 +89,15 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     for ch in 0..chunks {
         for (g, accs) in acc.iter_mut().enumerate() {
-            let wv = F::load(wp.add((g0 + g) * k + ch * LANES));
+            let at = (g0 + g) * k + ch * LANES;
+            // the weights stream from memory once per call: ask for them a little ahead, so
+            // the loads below do not each wait out a memory access (this column's later
+            // chunks, then the next columns', which follow it in memory)
+            _mm_prefetch(
+                wp.wrapping_add(at + PREFETCH_AHEAD) as *const i8,
+                _MM_HINT_T0,
+            );
+            let wv = F::load(wp.add(at));
             for (a, at) in accs.iter_mut().zip(row_at) {
                 *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(at + ch * LANES)), *a);
             }
