@@ -223,7 +223,7 @@ pub(super) fn task<R: Rows, D: Dot>(
                     // SAFETY: the caller runs `D` only where the CPU has its instructions.
                     unsafe { D::weighted(probs, v, n * d, range.clone(), m, &mut sums) };
                     for (u, sum) in sums.iter().enumerate().take(m) {
-                        out.set_run(q_at(b, i, j) + t + u * LANES, sum);
+                        out.set_array(q_at(b, i, j) + t + u * LANES, sum);
                     }
                     t += m * LANES;
                 }

@@ -190,7 +190,7 @@ unsafe fn tile<const R: usize>(
         );
         let mut out = [0.0f32; COLUMNS];
         _mm512_storeu_ps(out.as_mut_ptr(), v);
-        y.set_run((r0 + r) * n + c0, &out);
+        y.set_array((r0 + r) * n + c0, &out);
     }
 }
 
