@@ -129,6 +129,28 @@ proptest! {
     }
 }
 
+/// Rows of whole chunks of 16 (no tail): the SIMD kernels reduce each group's lanes in
+/// registers there, the plain kernel in scalar code; the same bits, every tile and group size.
+#[test]
+fn inputs_without_a_tail_give_the_plain_bits() {
+    let mut seed = 3;
+    for (n, k, rows) in [(9, 16, 1), (13, 64, 5), (40, 576, 8), (7, 160, 11)] {
+        let x = xs(rows, k, &mut seed);
+        for format in 0..3 {
+            let w = dense(format, n, k, &mut seed);
+            let plain = product(&x, rows, &w, DenseKernel::Plain);
+            for kernel in DenseKernel::available() {
+                assert_eq!(
+                    bits(&product(&x, rows, &w, kernel)),
+                    bits(&plain),
+                    "{}",
+                    kernel.name()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_rows_bits_depend_on_neither_the_other_rows_nor_the_threads() {
     let mut seed = 7;

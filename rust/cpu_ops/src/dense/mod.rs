@@ -194,6 +194,20 @@ impl Product<'_> {
                 let group = COLUMN_GROUP.min(cols.end - c);
                 let wg = &w[c * k..(c + group) * k];
                 lanes::<F>(self.kernel, xt, tile, k, wg, group, &mut sums);
+                #[cfg(target_arch = "x86_64")]
+                if k % LANES == 0 && self.kernel != DenseKernel::Plain {
+                    // no tail: the reduction of a whole group in registers (the same adds)
+                    let mut out = [[0.0f32; ROW_TILE]; COLUMN_GROUP];
+                    // SAFETY: a SIMD kernel ran, so the CPU has AVX2 (DenseKernel::best).
+                    unsafe { avx2::reduce_group(&sums, tile, group, &mut out) };
+                    for (g, per_row) in out.iter().enumerate().take(group) {
+                        for (r, v) in per_row.iter().enumerate().take(tile) {
+                            y.set((r0 + r) * n + c + g, *v);
+                        }
+                    }
+                    c += group;
+                    continue;
+                }
                 for (g, per_row) in sums.iter_mut().enumerate().take(group) {
                     let wc = &wg[g * k..(g + 1) * k];
                     for (r, l) in per_row.iter_mut().enumerate().take(tile) {
