@@ -45,6 +45,13 @@ pub enum KvError {
         count: usize,
         len: usize,
     },
+    /// Logical position `pos` of the sequence lies in its first `released` pages, which were
+    /// given back (`release_before`): it holds no cell there.
+    Released {
+        seq: SeqId,
+        pos: usize,
+        released: usize,
+    },
     /// The parallel lists of `export_step` differ in length.
     LengthMismatch {
         seq_ids: usize,
@@ -115,6 +122,11 @@ impl fmt::Display for KvError {
                 f,
                 "positions {start}..{start}+{count} are out of range: sequence {seq} holds \
                  {len} cells"
+            ),
+            Self::Released { seq, pos, released } => write!(
+                f,
+                "position {pos} of sequence {seq} lies in its first {released} pages, which \
+                 it released (they fell behind its sliding window)"
             ),
             Self::LengthMismatch {
                 seq_ids,

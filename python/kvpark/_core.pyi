@@ -85,10 +85,18 @@ class KvPool:
         """Every sequence id, ascending."""
 
     def seq_len(self, seq_id: int) -> int:
-        """Cells (tokens) the sequence holds."""
+        """Cells (tokens) the sequence spans, released ones included."""
+
+    def released_cells(self, seq_id: int) -> int:
+        """Cells at the start of the sequence it released (release_before): whole pages."""
+
+    def release_before(self, seq_id: int, pos: int) -> int:
+        """Gives back the sequence's pages wholly before position pos (behind every layer's
+        sliding window); returns the cells that went back to the pool. On an empty sequence its
+        length becomes pos rounded down to a page, all released. ValueError past the end."""
 
     def page_table(self, seq_id: int) -> list[int]:
-        """The sequence's pages in logical order."""
+        """The sequence's pages in logical order: those it holds, after any it released."""
 
     def pages_needed(self, seq_id: int, n_tokens: int) -> int:
         """Extra pages the sequence needs to hold n_tokens cells in all (0 if it does already)."""
@@ -128,7 +136,8 @@ class KvPool:
     def export_step(
         self, seq_ids: list[int], starts: list[int], counts: list[int]
     ) -> tuple[list[int], list[list[int]]]:
-        """One call per step: (concatenated slot mappings of every item, each item's page table).
+        """One call per step: (concatenated slot mappings of every item, each item's page table
+        over all its logical pages, -1 for each released one).
 
         Errors as slot_mapping; ValueError if the three lists differ in length.
         """

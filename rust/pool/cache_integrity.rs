@@ -141,7 +141,7 @@ impl KvPool {
         let ps = self.page_size();
         for (seq, table) in &self.tables {
             for (i, &page) in table.pages.iter().enumerate() {
-                if cache.is_registered(page) && table.len < (i + 1) * ps {
+                if cache.is_registered(page) && table.len < (table.released + i + 1) * ps {
                     return Err(format!(
                         "registered page {page} is partly used by sequence {seq}"
                     ));

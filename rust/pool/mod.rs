@@ -170,11 +170,13 @@ impl KvPool {
         let mut last_table = vec![usize::MAX; n_pages];
         for (i, (seq, table)) in self.tables.iter().enumerate() {
             let expected = pages_for(table.len, page_size);
-            if table.pages.len() != expected {
+            if table.span() != expected {
                 return fail(format!(
-                    "sequence {seq} holds {} cells in {} pages; it needs exactly {expected}",
+                    "sequence {seq} holds {} cells in {} pages and {} released; it needs \
+                     exactly {expected}",
                     table.len,
-                    table.pages.len()
+                    table.pages.len(),
+                    table.released
                 ));
             }
             for &page in &table.pages {
@@ -248,7 +250,11 @@ mod tests {
     }
 
     fn table_of(pages: Vec<PageId>, len: usize) -> PageTable {
-        PageTable { pages, len }
+        PageTable {
+            pages,
+            len,
+            released: 0,
+        }
     }
 
     fn broken(pool: &KvPool) -> String {

@@ -196,14 +196,20 @@ impl KvPool {
             let cache = self.pages.cache.as_ref().expect("on");
             // A parent evicted since it was linked cannot be checked any more: a break.
             let parent = parent.filter(|p| p.map_or(true, |p| cache.alive(p)));
-            let page = parent.and_then(|parent| {
-                let own = table.pages[i];
-                let (page, new) = self
-                    .pages
-                    .link_page(own, key, parent_key, parent, page_tokens);
-                newly += usize::from(new);
-                page
-            });
+            let page = match (parent, i.checked_sub(table.released)) {
+                (None, _) => None,
+                (Some(parent), Some(held)) => {
+                    let own = table.pages[held];
+                    let (page, new) =
+                        self.pages
+                            .link_page(own, key, parent_key, parent, page_tokens);
+                    newly += usize::from(new);
+                    page
+                }
+                // a released page (a swap came back into its later pages only): the chain goes
+                // on through a registration of the same content, else it breaks here
+                (Some(parent), None) => cache.find(key, parent_key, parent, page_tokens),
+            };
             chain.links.push(Link { key, page });
         }
         Ok(newly)

@@ -47,15 +47,76 @@ impl KvPool {
         Ok(self.table(seq)?.len)
     }
 
-    /// Sequence `seq`'s pages in logical order.
+    /// Sequence `seq`'s pages in logical order: those it holds, after any it released.
     pub fn page_table(&self, seq: SeqId) -> KvResult<&[PageId]> {
         Ok(&self.table(seq)?.pages)
     }
 
-    /// Extra pages sequence `seq` needs to hold `n_tokens` cells in all (0 if it does already).
+    /// Cells at the start of sequence `seq` that it released (`release_before`): whole pages.
+    pub fn released_cells(&self, seq: SeqId) -> KvResult<usize> {
+        Ok(self.table(seq)?.released * self.page_size())
+    }
+
+    /// Extra pages sequence `seq` needs to span `n_tokens` cells in all (0 if it does already).
     pub fn pages_needed(&self, seq: SeqId, n_tokens: usize) -> KvResult<usize> {
-        let have = self.table(seq)?.pages.len();
+        let have = self.table(seq)?.span();
         Ok(pages_for(n_tokens, self.page_size()).saturating_sub(have))
+    }
+
+    /// Gives back the pages of sequence `seq` that lie wholly before logical position `pos`
+    /// (they fell behind the sliding window every layer attends over, so no row will read them
+    /// again) and returns the cells that went back to the pool: pages no other sequence holds,
+    /// free again or cached if registered. The positions stay the sequence's (its length and
+    /// registered tokens do not change); only their cells are gone: a slot mapping of them
+    /// fails with [`KvError::Released`], and the runner's page tables show `-1` there.
+    ///
+    /// On an empty sequence it releases positions it never held: its length becomes `pos`
+    /// rounded down to a page (how a swap park of a sequence with released pages comes back,
+    /// into its later pages only). Fails with [`KvError::OutOfRange`] if `pos` passes the end
+    /// of a sequence holding cells.
+    ///
+    /// ```
+    /// # use kvpark_core::KvPool;
+    /// let mut pool = KvPool::new(64, 4).unwrap();
+    /// pool.add_sequence(1).unwrap();
+    /// pool.reserve(1, 10).unwrap(); // pages [0, 1, 2]
+    /// assert_eq!(pool.release_before(1, 9).unwrap(), 8); // pages 0 and 1: wholly before 9
+    /// assert_eq!((pool.seq_len(1).unwrap(), pool.released_cells(1).unwrap()), (10, 8));
+    /// assert_eq!(pool.page_table(1).unwrap(), &[2]);
+    /// assert_eq!(pool.slot_mapping(1, 8, 2).unwrap(), vec![8, 9]);
+    /// assert!(pool.slot_mapping(1, 7, 1).is_err());
+    /// pool.reserve(1, 13).unwrap(); // grows at its tail as always
+    /// assert_eq!(pool.page_table(1).unwrap(), &[2, 0]); // page 0 was the first freed
+    /// pool.check_integrity().unwrap();
+    /// ```
+    pub fn release_before(&mut self, seq: SeqId, pos: usize) -> KvResult<usize> {
+        let page_size = self.pages.page_size();
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        let upto = pos / page_size;
+        if table.len == 0 {
+            table.released = upto;
+            table.len = upto * page_size;
+            return Ok(0);
+        }
+        if pos > table.len {
+            return Err(KvError::OutOfRange {
+                seq,
+                start: pos,
+                count: 0,
+                len: table.len,
+            });
+        }
+        let n = upto.saturating_sub(table.released);
+        let mut freed = 0;
+        // the later page first, so they come back out of the free list in logical order
+        for page in table.pages.drain(..n).rev() {
+            freed += usize::from(self.pages.release(page));
+        }
+        table.released += n;
+        Ok(freed * page_size)
     }
 
     /// Grows sequence `seq` to hold `n_tokens` cells in all and returns the pages it took, in
@@ -85,13 +146,15 @@ impl KvPool {
             });
         }
         let have = table.pages.len();
-        let needed = pages_for(n_tokens, page_size) - have;
+        let needed = pages_for(n_tokens, page_size) - table.span();
         self.pages.ensure_free(needed)?;
         debug_assert!(
             n_tokens == table.len
                 || table.len % page_size == 0
-                || (self.pages.refcount(table.pages[have - 1]) == 1
-                    && !self.pages.is_registered(table.pages[have - 1])),
+                || table
+                    .pages
+                    .last()
+                    .is_some_and(|&p| self.pages.refcount(p) == 1 && !self.pages.is_registered(p)),
             "sequence {seq} would write into a shared or registered page"
         );
         for _ in 0..needed {
@@ -135,7 +198,16 @@ impl KvPool {
                 requested: n_tokens,
             });
         }
-        let keep = pages_for(n_tokens, page_size);
+        let span = pages_for(n_tokens, page_size);
+        if span < table.released || (span == table.released && n_tokens % page_size != 0) {
+            return Err(KvError::Released {
+                seq,
+                pos: n_tokens,
+                released: table.released,
+            });
+        }
+        // the held pages kept
+        let keep = span - table.released;
         // A registered page is copied too: other sequences may find it by its key, so its
         // cells must never change (it stays registered, held by others or cached).
         let copy_tail = n_tokens % page_size != 0 && {
@@ -277,23 +349,31 @@ impl KvPool {
                 len: table.len,
             })?;
         let page_size = self.page_size();
-        slots.extend(
-            (start..end)
-                .map(|pos| table.pages[pos / page_size] as usize * page_size + pos % page_size),
-        );
+        let first = table.released;
+        if count > 0 && start / page_size < first {
+            return Err(KvError::Released {
+                seq,
+                pos: start,
+                released: first,
+            });
+        }
+        slots.extend((start..end).map(|pos| {
+            table.pages[pos / page_size - first] as usize * page_size + pos % page_size
+        }));
         Ok(table)
     }
 
     /// Everything the runner needs for one step, in one call: the slot mappings of all items
     /// (`seq_ids[i]`, positions `starts[i]..starts[i] + counts[i]`) concatenated in item order,
-    /// and each item's page table. Fails as [`slot_mapping`](Self::slot_mapping) does, or with
+    /// and each item's page table over all its logical pages, `-1` for each released one.
+    /// Fails as [`slot_mapping`](Self::slot_mapping) does, or with
     /// [`KvError::LengthMismatch`] if the three lists differ in length.
     pub fn export_step(
         &self,
         seq_ids: &[SeqId],
         starts: &[usize],
         counts: &[usize],
-    ) -> KvResult<(Vec<usize>, Vec<Vec<PageId>>)> {
+    ) -> KvResult<(Vec<usize>, Vec<Vec<i64>>)> {
         if seq_ids.len() != starts.len() || seq_ids.len() != counts.len() {
             return Err(KvError::LengthMismatch {
                 seq_ids: seq_ids.len(),
@@ -305,7 +385,12 @@ impl KvPool {
         let mut page_tables = Vec::with_capacity(seq_ids.len());
         for ((&seq, &start), &count) in seq_ids.iter().zip(starts).zip(counts) {
             let table = self.push_slots(seq, start, count, &mut slots)?;
-            page_tables.push(table.pages.clone());
+            let released = std::iter::repeat(-1).take(table.released);
+            page_tables.push(
+                released
+                    .chain(table.pages.iter().map(|&p| p.into()))
+                    .collect(),
+            );
         }
         Ok((slots, page_tables))
     }

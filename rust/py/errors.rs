@@ -27,6 +27,7 @@ impl From<KvError> for PyErr {
             | KvError::WouldShrink { .. }
             | KvError::WouldGrow { .. }
             | KvError::OutOfRange { .. }
+            | KvError::Released { .. }
             | KvError::LengthMismatch { .. }
             | KvError::UnknownPage { .. }
             | KvError::NotEmpty { .. }

@@ -73,12 +73,24 @@ impl PyKvPool {
         self.0.sequences()
     }
 
-    /// Cells (tokens) the sequence holds.
+    /// Cells (tokens) the sequence spans, released ones included.
     fn seq_len(&self, seq_id: SeqId) -> PyResult<usize> {
         Ok(self.0.seq_len(seq_id)?)
     }
 
-    /// The sequence's pages in logical order.
+    /// Cells at the start of the sequence it released (release_before): whole pages.
+    fn released_cells(&self, seq_id: SeqId) -> PyResult<usize> {
+        Ok(self.0.released_cells(seq_id)?)
+    }
+
+    /// Gives back the sequence's pages wholly before position pos (behind every layer's
+    /// sliding window); returns the cells that went back to the pool. On an empty sequence its
+    /// length becomes pos rounded down to a page, all released. ValueError past the end.
+    fn release_before(&mut self, seq_id: SeqId, pos: usize) -> PyResult<usize> {
+        Ok(self.0.release_before(seq_id, pos)?)
+    }
+
+    /// The sequence's pages in logical order: those it holds, after any it released.
     fn page_table(&self, seq_id: SeqId) -> PyResult<Vec<PageId>> {
         Ok(self.0.page_table(seq_id)?.to_vec())
     }
@@ -136,7 +148,7 @@ impl PyKvPool {
         seq_ids: Vec<SeqId>,
         starts: Vec<usize>,
         counts: Vec<usize>,
-    ) -> PyResult<(Vec<usize>, Vec<Vec<PageId>>)> {
+    ) -> PyResult<(Vec<usize>, Vec<Vec<i64>>)> {
         Ok(self.0.export_step(&seq_ids, &starts, &counts)?)
     }
 

@@ -239,3 +239,40 @@ fn slot_mapping_and_export_step() {
     );
     assert_eq!(pool.export_step(&[], &[], &[]).unwrap(), (vec![], vec![]));
 }
+
+#[test]
+fn released_pages_leave_the_pool_and_their_positions_stay() {
+    let mut pool = pool_with(6 * 4, 4, 1, 10); // [0, 1, 2]
+    pool.fork(1, 2).unwrap(); // shares 0 and 1, copies 2 into 3
+    assert_eq!(pool.release_before(1, 9).unwrap(), 0); // 2 still holds pages 0 and 1
+    assert_eq!(pool.release_before(2, 9).unwrap(), 8); // now nobody does
+    assert_eq!(pool.release_before(2, 6).unwrap(), 0); // never takes a page back
+    assert_eq!(pool.released_cells(2).unwrap(), 8);
+    assert_eq!(pool.cells_used(), 8);
+    let (slots, tables) = pool.export_step(&[1, 2], &[8, 9], &[2, 1]).unwrap();
+    assert_eq!(slots, vec![8, 9, 13]);
+    assert_eq!(tables, vec![vec![-1, -1, 2], vec![-1, -1, 3]]);
+    let released = KvError::Released {
+        seq: 2,
+        pos: 7,
+        released: 2,
+    };
+    assert_eq!(pool.slot_mapping(2, 7, 2), Err(released));
+    assert!(matches!(pool.truncate(1, 5), Err(KvError::Released { .. })));
+    assert_eq!(pool.truncate(1, 8).unwrap(), vec![]); // to the released edge: page 2 goes
+    assert_eq!(pool.page_table(1).unwrap(), &[] as &[u32]);
+    assert!(pool.release_before(2, 11).is_err()); // past its end
+    pool.check_integrity().unwrap();
+
+    // an empty sequence spans released positions only: a swap comes back into its later pages
+    pool.add_sequence(5).unwrap();
+    assert_eq!(pool.release_before(5, 10).unwrap(), 0);
+    assert_eq!(
+        (pool.seq_len(5).unwrap(), pool.released_cells(5).unwrap()),
+        (8, 8)
+    );
+    assert_eq!(pool.pages_needed(5, 10).unwrap(), 1);
+    pool.reserve(5, 10).unwrap();
+    assert_eq!(pool.slot_mapping(5, 8, 2).unwrap().len(), 2);
+    pool.check_integrity().unwrap();
+}

@@ -27,6 +27,8 @@ enum Op {
     Shrink(SeqId, usize),
     Fork(SeqId, SeqId),
     Free(SeqId),
+    /// `release_before(seq, seq_len - k)`: the pages behind a sliding window go.
+    Release(SeqId, usize),
     Reset,
 }
 
@@ -40,7 +42,8 @@ fn op(max_cells: usize) -> impl Strategy<Value = Op> {
         1 => (id.clone(), n).prop_map(|(s, n)| Op::Truncate(s, n)),
         2 => (id.clone(), 0..12usize).prop_map(|(s, k)| Op::Shrink(s, k)),
         3 => (id.clone(), id.clone()).prop_map(|(p, c)| Op::Fork(p, c)),
-        1 => id.prop_map(Op::Free),
+        1 => id.clone().prop_map(Op::Free),
+        2 => (id, 0..12usize).prop_map(|(s, k)| Op::Release(s, k)),
         1 => Just(Op::Reset),
     ]
 }
@@ -135,19 +138,27 @@ fn check(pool: &KvPool, shadow: &Shadow, subset: &[SeqId]) -> Result<(), TestCas
 
     let seqs: Vec<SeqId> = shadow.tokens.keys().copied().collect();
     prop_assert_eq!(pool.sequences(), seqs.clone());
+    // each sequence reads back what it holds: its positions after those it released
+    let starts: Vec<usize> = seqs
+        .iter()
+        .map(|&s| pool.released_cells(s).unwrap())
+        .collect();
     let lens: Vec<usize> = seqs.iter().map(|&s| pool.seq_len(s).unwrap()).collect();
-    let (slots, tables) = pool
-        .export_step(&seqs, &vec![0; seqs.len()], &lens)
-        .unwrap();
+    let counts: Vec<usize> = lens.iter().zip(&starts).map(|(l, s)| l - s).collect();
+    let (slots, tables) = pool.export_step(&seqs, &starts, &counts).unwrap();
     let mut slots = slots.into_iter();
     for (i, (seq, tokens)) in shadow.tokens.iter().enumerate() {
-        prop_assert_eq!(&tables[i][..], pool.page_table(*seq).unwrap());
+        let released = starts[i] / ps;
+        let held = pool.page_table(*seq).unwrap().iter().map(|&p| i64::from(p));
+        let table: Vec<i64> = std::iter::repeat(-1).take(released).chain(held).collect();
+        prop_assert_eq!(&tables[i], &table);
+        prop_assert_eq!(table.len(), lens[i].div_ceil(ps));
         let read: Vec<Option<u64>> = slots
             .by_ref()
-            .take(lens[i])
+            .take(counts[i])
             .map(|s| shadow.cells[s])
             .collect();
-        let want: Vec<Option<u64>> = tokens.iter().copied().map(Some).collect();
+        let want: Vec<Option<u64>> = tokens[starts[i]..].iter().copied().map(Some).collect();
         prop_assert_eq!(read, want, "sequence {} reads back other tokens", seq);
     }
     Ok(())
@@ -172,6 +183,7 @@ fn apply(pool: &mut KvPool, shadow: &mut Shadow, op: &Op) -> Result<(), TestCase
                 n
             };
             let had = pool.page_table(s).map(<[_]>::len).unwrap_or(0);
+            let released = pool.released_cells(s).unwrap_or(0) / ps;
             let result = pool.reserve(s, n);
             if let Ok(new_pages) = &result {
                 prop_assert_eq!(&pool.page_table(s).unwrap()[had..], &new_pages[..]);
@@ -180,7 +192,7 @@ fn apply(pool: &mut KvPool, shadow: &mut Shadow, op: &Op) -> Result<(), TestCase
                 }
                 shadow.write(pool, s, old);
             } else if let Err(KvError::PoolFull { needed, free, .. }) = result {
-                prop_assert_eq!(needed, n.div_ceil(ps) - had);
+                prop_assert_eq!(needed, n.div_ceil(ps) - had - released);
                 prop_assert!(needed > free && free == free_pages);
             }
             result.map(drop)
@@ -220,6 +232,23 @@ fn apply(pool: &mut KvPool, shadow: &mut Shadow, op: &Op) -> Result<(), TestCase
             }
             result.map(drop)
         }
+        Op::Release(s, k) => {
+            let old = len(pool, s);
+            let pos = old.saturating_sub(k);
+            let would_free = before.cells_freed_by(&[s]);
+            let result = pool.release_before(s, pos);
+            if let Ok(freed) = result {
+                prop_assert_eq!(pool.seq_len(s), Ok(old));
+                prop_assert!(freed <= would_free.unwrap());
+                prop_assert_eq!(pool.cells_used(), before.cells_used() - freed);
+                let released = pool.released_cells(s).unwrap();
+                prop_assert_eq!(
+                    released,
+                    (pos / ps * ps).max(before.released_cells(s).unwrap())
+                );
+            }
+            result.map(drop)
+        }
         Op::Reset => {
             pool.reset();
             shadow.tokens.clear();
@@ -248,8 +277,11 @@ fn apply(pool: &mut KvPool, shadow: &mut Shadow, op: &Op) -> Result<(), TestCase
                 Op::Reserve(..) | Op::Grow(..),
                 KvError::WouldShrink { .. } | KvError::PoolFull { .. },
             ) => {}
-            (Op::Truncate(..), KvError::WouldGrow { .. } | KvError::PoolFull { .. }) => {}
-            (Op::Shrink(..), KvError::PoolFull { .. }) => {}
+            (
+                Op::Truncate(..),
+                KvError::WouldGrow { .. } | KvError::PoolFull { .. } | KvError::Released { .. },
+            ) => {}
+            (Op::Shrink(..), KvError::PoolFull { .. } | KvError::Released { .. }) => {}
             _ => prop_assert!(false, "{:?} failed with {:?}", op, err),
         }
     }

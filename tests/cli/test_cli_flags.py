@@ -72,8 +72,13 @@ def test_env_mirrors_every_flag_and_the_command_line_wins(monkeypatch: pytest.Mo
     monkeypatch.setenv("KVPARK_PREEMPT_ASYNC", "false")
     monkeypatch.setenv("KVPARK_EXACT", "yes")
     monkeypatch.setenv("KVPARK_PREFIX_CACHE", "0")
+    monkeypatch.setenv("KVPARK_WINDOW_RELEASE", "off")
     engine, server = parse(["serve", "--port", "9200"])
     assert engine.pool.prefix_cache is False  # type: ignore[attr-defined]
+    assert engine.pool.window_release is False  # type: ignore[attr-defined]
+    assert parse(["serve"])[0].pool.window_release is False  # type: ignore[attr-defined]
+    monkeypatch.delenv("KVPARK_WINDOW_RELEASE")
+    assert parse(["serve"])[0].pool.window_release is True  # type: ignore[attr-defined]
     assert engine.pool.kv_cells == 1024  # type: ignore[attr-defined]
     assert engine.scheduler.preempt is False  # type: ignore[attr-defined]
     assert engine.scheduler.preempt_async is False  # type: ignore[attr-defined]

@@ -160,6 +160,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         " cached prefix (docs/preemption.md)",
     )
     p.add_argument(
+        "--window-release",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when every layer of the model slides (Mistral, Phi-3), give back each sequence's"
+        " pages behind the window: a sequence holds its window and a step's rows, however long"
+        " it grows (docs/models.md)",
+    )
+    p.add_argument(
         "--exact",
         action="store_true",
         help="exact mode: outputs bit-identical whatever runs beside them",
@@ -223,7 +231,10 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             chat_template=read_chat_template(getattr(args, "chat_template", None), p),
         ),
         pool=PoolConfig(
-            kv_cells=args.kv_cells, page_size=args.page_size, prefix_cache=args.prefix_cache
+            kv_cells=args.kv_cells,
+            page_size=args.page_size,
+            prefix_cache=args.prefix_cache,
+            window_release=args.window_release,
         ),
         scheduler=SchedulerConfig(
             parallel=args.parallel,

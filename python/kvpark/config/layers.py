@@ -70,13 +70,16 @@ class PoolConfig:
     # full pages stay cached after their last holder and a new prompt starts from the longest
     # cached prefix (--prefix-cache, docs/preemption.md)
     prefix_cache: bool = True
+    # a model whose every layer slides gives back each sequence's pages behind the window
+    # (--window-release, docs/models.md)
+    window_release: bool = True
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     parallel: int = DEFAULT_PARALLEL  # slots: requests that may hold cells at once
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS  # rows per step, prompt chunks included
-    max_model_len: int = 0  # 0: min(model context, kv_cells)
+    max_model_len: int = 0  # 0: min(model context, kv_cells); the context under window release
     max_waiting: int = 1024  # requests queued beyond the slots before new ones get 503
     preempt_ram_mib: int = 2048  # -1: no limit; 0: every park recomputes
     preempt: bool = True

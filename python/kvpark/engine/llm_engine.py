@@ -69,10 +69,14 @@ class LLMEngine:
         self.tokenizer = self.runner.tokenizer
         self.model_name = self.runner.model_name
         self.vocab_size = self.runner.vocab_size
+        window = getattr(self.runner, "kv_window", None) if config.pool.window_release else None
         limit = config.scheduler.max_model_len or self.runner.max_model_len
-        self.max_model_len = min(limit, config.pool.kv_cells)
         salt = prefix_cache_salt(config, self.model_name) if config.pool.prefix_cache else None
-        self.scheduler = Scheduler(config.pool, config.scheduler, self.max_model_len, salt)
+        self.scheduler = Scheduler(config.pool, config.scheduler, limit, salt, window)
+        # behind a sliding window a sequence holds its window and a step, however long it grows
+        fits = window is not None and self.scheduler.cells.window_cells(1) <= config.pool.kv_cells
+        self.max_model_len = limit if fits else min(limit, config.pool.kv_cells)
+        self.scheduler.max_model_len = self.max_model_len
         self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
         self.observations = Observations()
         self.pool_log = PoolLog()  # parks, resumes, rotations: the pool view's timeline

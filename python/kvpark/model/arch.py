@@ -115,6 +115,13 @@ class ModelArch:
         return self.sliding_window if self.sliding_layers and self.sliding_layers[layer] else None
 
     @property
+    def pool_window(self) -> int | None:
+        """The window every layer slides over, so that a sequence's pages behind it can leave
+        the pool; None where some layer attends to its whole context (Gemma's global layers)."""
+        slides = bool(self.sliding_layers) and all(self.sliding_layers)
+        return self.sliding_window if slides else None
+
+    @property
     def attention_scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
 

@@ -76,10 +76,12 @@ class ParkMoves:
     ) -> None:
         seq = req.sequences[0]
         slot = self.scheduler.slot_of[seq.seq_id]
-        n_cells = seq.num_computed
+        # its cells from the first it holds: those behind a sliding window left the pool already
+        first = self.scheduler.pool.released_cells(seq.seq_id)
+        n_cells = seq.num_computed - first
         req.park.copy_started = time.perf_counter()
         if mode == "swap":
-            cells = self.scheduler.pool.slot_mapping(seq.seq_id, 0, n_cells)
+            cells = self.scheduler.pool.slot_mapping(seq.seq_id, first, n_cells)
             if self.parking.swap_out(slot, cells, capacity) is None:
                 mode = "recompute"  # the budget grants permission, not an allocation
             else:

@@ -259,10 +259,12 @@ def planner_views(
         seq = req.sequences[0]
         # a swap comes back with its cells plus one step; a recompute with its whole replay,
         # so that it is not parked again halfway through it
+        # (behind a sliding window: at most the window and one step's rows at any time)
+        cells, chunk = sched.cells, min(budget, sched.cells.window_rows() or budget)
         need = (
-            len(seq.tokens)
+            min(len(seq.tokens), cells.window_cells(chunk) if cells.window else len(seq.tokens))
             if req.park.mode == "recompute"
-            else seq.num_computed + rows_wanted(seq, budget)
+            else cells.held_after(seq.num_computed, rows_wanted(seq, chunk))
         )
         views.append(_view(sched, parking, req, "parked", [], [], resume_cells=need))
     return views
@@ -280,6 +282,9 @@ def _view(
     seq = req.sequences[0]
     park = req.park
     parked = state in ("parked", "parking")
+    pool = sched.pool
+    # a swap saves what the sequence holds: not its positions behind a sliding window
+    released = pool.released_cells(seq.seq_id) if pool.has_sequence(seq.seq_id) else park.released
     return RequestView(
         id=req.key,
         arrival=req.key,
@@ -288,7 +293,7 @@ def _view(
         seq_ids=seq_ids,
         next_cells=next_cells,
         resume_cells=resume_cells,
-        state_bytes=parking.state_bytes(seq.num_computed),
+        state_bytes=parking.state_bytes(seq.num_computed - released),
         parks=park.parks,
         parked_at_ms=int(park.parked_at * 1000) if parked else None,
         resumed_at_ms=None if park.resumed_at is None else int(park.resumed_at * 1000),

@@ -207,6 +207,11 @@ class LeanCpuRunner:
         return self.weights.arch.max_position
 
     @property
+    def kv_window(self) -> int | None:
+        """The window every layer attends over (the pool lets the pages behind it go)."""
+        return self.weights.arch.pool_window
+
+    @property
     def row_invariant(self) -> bool:
         """Every op of the decoder is row-invariant; claimed in exact mode, where it is asked
         for (``/props.exact`` reports this), as the torch runners do."""

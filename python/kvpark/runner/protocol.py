@@ -10,10 +10,13 @@ under kvpark's pool, scheduler, preemption and server (docs/custom-runners.md wa
 The engine touches a runner only through these members. The runner owns the K/V storage for the
 pool's cells (``kv_cells`` cells in pages of ``page_size``, both in ``EngineConfig.pool``); the Rust
 pool decides which cells each sequence holds, and the plan says which cells each row writes and
-reads. One optional member, not checked at start: ``embed(token_ids: list[int])`` (the prompt's
+reads. Two optional members, not checked at start: ``embed(token_ids: list[int])`` (the prompt's
 float32 embedding ``[hidden]``, a numpy array or a torch tensor, computed without touching the
-pool's cells), which
-``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers 501). The built-in
+pool's cells), which ``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers
+501); and ``kv_window: int | None``, the sliding window every layer attends over (a row reads the
+last ``kv_window`` positions of its sequence only, itself included): the pool then gives back each
+sequence's pages behind it, and the plan's page tables hold ``-1`` for them (absent or None: every
+page is kept). The built-in
 runners are the CPU's one stack, ``kvpark.runner.lean_runner.LeanCpuRunner`` (the Rust decoder
 over numpy weights and pool, no torch), and ``kvpark.runner.torch_runner.TorchRunner`` (CUDA, and
 on the CPU the reference and what the decoder cannot run; it needs the ``gpu`` extra).

@@ -189,6 +189,11 @@ class TorchRunner:
         return self.loaded.arch.max_position
 
     @property
+    def kv_window(self) -> int | None:
+        """The window every layer attends over (the pool lets the pages behind it go)."""
+        return self.loaded.arch.pool_window
+
+    @property
     def row_invariant(self) -> bool:
         return self.ops.row_invariant
 

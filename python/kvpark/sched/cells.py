@@ -1,5 +1,13 @@
 """A step's cells in the Rust pool: reserving rows for sequences, what an admission or the decodes
-need, and exporting the step's slot mapping and page tables in one crossing."""
+need, giving back the pages behind a sliding window, and exporting the step's slot mapping and page
+tables in one crossing.
+
+With a ``window`` (every layer of the model attends over its last ``window`` positions only), a
+sequence's pages wholly behind the window of its next row are released as soon as a step has
+written the row after them: a sequence then holds at most its window plus the rows of one step,
+however long it grows (``window_cells``), and what the scheduler and the planner count is what it
+holds. Its released positions stay its own (its length, tokens and registered prefix are
+unchanged); their pages go back to the pool, cached if registered."""
 
 from __future__ import annotations
 
@@ -16,9 +24,36 @@ def step_item(seq: Sequence, rows: int) -> StepItem:
 
 
 class StepCells:
-    def __init__(self, pool: KvPool, page_size: int) -> None:
+    def __init__(self, pool: KvPool, page_size: int, window: int | None = None) -> None:
         self.pool = pool
         self.page_size = page_size
+        self.window = window
+
+    def slide(self, seq_id: int) -> None:
+        """Give back the pages of ``seq_id`` wholly behind its next row's window: that row, at
+        position ``seq_len``, reads positions ``seq_len - window + 1 ..`` and no later row reads
+        further back."""
+        if self.window is not None:
+            self.pool.release_before(seq_id, max(0, self.pool.seq_len(seq_id) - self.window + 1))
+
+    def window_cells(self, rows: int) -> int:
+        """The most cells a sequence holds while ``rows`` rows of it are computed: its last
+        ``window - 1`` positions and the rows, on pages that need not start aligned."""
+        assert self.window is not None
+        pages = -(-(self.window - 1 + rows) // self.page_size) + 1
+        return pages * self.page_size
+
+    def held_after(self, n_cells: int, rows: int) -> int:
+        """The cells a sequence spanning ``n_cells`` holds once ``rows`` more are computed."""
+        total = n_cells + rows
+        return total if self.window is None else min(total, self.window_cells(rows))
+
+    def window_rows(self) -> int | None:
+        """The most rows one step may give a sequence so that it fits the pool alone beside its
+        window (None without a window: a sequence never outgrows its context's cells)."""
+        if self.window is None:
+            return None
+        return max(1, self.pool.n_cells - self.window_cells(0))
 
     def reserve(self, seq: Sequence, rows: int) -> bool:
         """Cells for the next ``rows`` rows of ``seq``, all or none."""

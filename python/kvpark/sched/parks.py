@@ -11,6 +11,7 @@ flight, and comes back into fresh pages (``preempt/moves.py`` drives these, ``Sc
 from __future__ import annotations
 
 from kvpark._core import KvPool, PoolFullError
+from kvpark.sched.cells import StepCells
 from kvpark.sched.request import ParkMode, Request, RequestState
 
 
@@ -18,6 +19,7 @@ class Parks:
     """Mixed into ``Scheduler``, whose groups these move requests between."""
 
     pool: KvPool
+    cells: StepCells
     running: list[Request]  # hold cells, in arrival order
     parked: list[Request]  # hold a slot but no cells
     transferring: list[Request]  # parking or restoring: hold cells, take no step
@@ -31,6 +33,7 @@ class Parks:
         group = self.transferring if req in self.transferring else self.running
         assert req in group and len(req.sequences) == 1, "only a lone sequence parks"
         seq = req.sequences[0]
+        req.park.released = self.pool.released_cells(seq.seq_id) if mode == "swap" else 0
         self.pool.free_sequence(seq.seq_id)
         if mode == "recompute":
             req.park.dropped = seq.num_computed
@@ -47,14 +50,17 @@ class Parks:
         Raises PoolFullError (state unchanged) when its cells do not fit."""
         seq = req.sequences[0]
         self.pool.add_sequence(seq.seq_id, req.params.cache_salt)
-        hit = 0
-        if req.park.mode == "swap" and take_cached:
+        hit, first = 0, req.park.released  # a swap saved its cells from `first` on
+        if req.park.mode == "swap" and take_cached and not first:
             n = seq.num_computed
             hit = self.pool.match_prefix(seq.seq_id, seq.tokens[:n], n)
         if req.park.mode == "recompute":
             # the replay starts after whatever prefix of its tokens is still cached
             seq.num_computed = self.pool.match_prefix(seq.seq_id, seq.tokens, len(seq.tokens) - 1)
             req.park.dropped = max(0, req.park.dropped - seq.num_computed)
+            self.cells.slide(seq.seq_id)
+        elif first:
+            self.pool.release_before(seq.seq_id, first)  # it comes back into its later pages
         try:
             self.pool.reserve(seq.seq_id, seq.num_computed)
         except PoolFullError:
@@ -64,7 +70,8 @@ class Parks:
                 seq.num_computed = 0
             raise
         self.land(req)
-        return self.pool.slot_mapping(seq.seq_id, 0, seq.num_computed), hit
+        first = self.pool.released_cells(seq.seq_id)  # a replay may start behind its window too
+        return self.pool.slot_mapping(seq.seq_id, first, seq.num_computed - first), hit
 
     def hold(self, req: Request, state: RequestState) -> None:
         """Take a running request out of the steps while a copy of its cells is in flight

@@ -69,6 +69,7 @@ class ParkRecord:
     # when the replay has caught up, or a replay longer than 2 s would leave it rotatable at once
     replaying: bool = False
     dropped: int = 0  # cells a recompute park dropped: replayed on resume
+    released: int = 0  # a swap park's first cells, behind the sliding window: never saved
     buffer_slot: int | None = None  # the slot whose host buffer a swap park used
     copy_started: float = 0.0  # perf_counter() when the current copy out or back was issued
 

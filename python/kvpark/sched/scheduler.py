@@ -57,10 +57,12 @@ class Scheduler(Parks):
         config: SchedulerConfig,
         max_model_len: int,
         prefix_cache_salt: int | None = None,
+        window: int | None = None,
     ) -> None:
         """``prefix_cache_salt``: turn the pool's prefix cache on under this salt (it stands for
         everything besides the tokens that changes a cell's K and V: the model, its arithmetic,
-        exact mode); None: off."""
+        exact mode); None: off. ``window``: every layer of the model attends over its last
+        ``window`` positions only, so the pages behind it leave the pool (cells.py)."""
         self.config = config
         self.max_model_len = max_model_len
         self.pool = KvPool(
@@ -68,7 +70,7 @@ class Scheduler(Parks):
         )
         self.cache = PrefixCacheCounts()
         self.page_size = pool_config.page_size
-        self.cells = StepCells(self.pool, self.page_size)
+        self.cells = StepCells(self.pool, self.page_size, window)
         self.waiting = WaitQueue()
         self.running: list[Request] = []  # hold cells, in arrival order
         self.parked: list[Request] = []  # hold a slot but no cells
@@ -152,10 +154,11 @@ class Scheduler(Parks):
                 if seq.pending_rows == 1 and budget > 0:
                     rows[seq.seq_id] = rows_wanted(seq, budget)
                     budget -= 1
+        cap = self.cells.window_rows() or budget
         for req in self.running:
             seq = req.sequences[0]
             if len(req.sequences) == 1 and seq.pending_rows > 1 and budget > 0:
-                rows[seq.seq_id] = rows_wanted(seq, budget)
+                rows[seq.seq_id] = rows_wanted(seq, min(budget, cap))
                 budget -= rows[seq.seq_id]
         return rows
 
@@ -215,8 +218,10 @@ class Scheduler(Parks):
             prompt, reusable = req.prompt_ids, len(req.prompt_ids) - 1
             salt = req.params.cache_salt
             hit, _ = self.pool.cached_prefix(prompt, reusable, salt)
-            rows = min(len(prompt) - hit, budget)
+            rows = min(len(prompt) - hit, budget, self.cells.window_rows() or budget)
             need = self.pool.cells_to_admit(prompt, reusable, hit + rows, salt)
+            if self.cells.window is not None:  # its hit's pages behind the window go back
+                need = min(need, self.cells.window_cells(rows))
             if hit + rows == len(prompt):  # the whole prompt this step: its fork copies too
                 need += self.cells.fork_copy_cells(req.params.n, len(prompt))
             if not self.cells.admission_fits(need, self.running):
@@ -230,6 +235,7 @@ class Scheduler(Parks):
             seq.num_computed = req.cached_tokens = self.pool.match_prefix(
                 seq.seq_id, prompt, reusable
             )
+            self.cells.slide(seq.seq_id)
             self.cache.queries += len(prompt)
             self.cache.hits += seq.num_computed
             req.sequences = [seq]
@@ -241,11 +247,14 @@ class Scheduler(Parks):
 
     def register(self, plan: StepPlan) -> None:
         """After a step has run: the cells its rows wrote hold K and V, so their full pages may be
-        found by later prompts (a no-op with the prefix cache off)."""
+        found by later prompts (a no-op with the prefix cache off); then the pages behind a
+        sliding window leave (registered first, so they are cached rather than lost)."""
         if self.pool.prefix_cache_salt is not None and plan.items:
             self.pool.register_step(
                 [i.seq_id for i in plan.items], [i.token_ids for i in plan.items]
             )
+        for item in plan.items:
+            self.cells.slide(item.seq_id)
 
     def _export(self, items: list[StepItem]) -> StepPlan:
         copies, self._pending_copies = self._pending_copies, []

@@ -353,7 +353,11 @@ pub fn forward(
             step.out_rows.len(),
         )));
     }
-    step.entries(0, &mut ws.full)?;
+    // a model whose every layer slides never reads its whole context: the pages behind the
+    // window may have left the pool (their page table entries are then -1)
+    if model.layers.iter().any(|l| !l.sliding) {
+        step.entries(0, &mut ws.full)?;
+    }
     if model.layers.iter().any(|l| l.sliding) {
         step.entries(s.window, &mut ws.windowed)?;
     }

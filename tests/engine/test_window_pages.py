@@ -1,0 +1,140 @@
+"""Pages behind a sliding window leave the pool (docs/models.md, "Pages"): on a tiny Mistral whose
+every layer attends over its last 8 positions (tests/support/tiny_arch.py), a request several
+times longer than the pool runs to the end holding at most its window and one step's rows, with
+tokens and logprobs bitwise those of a pool that keeps every page (exact mode), on the lean runner
+and the torch runner; forced swap and recompute parks and a warm prefix cache (the released pages
+were registered first, so they wait in the cache) change no bit, and every cell comes back.
+``--no-window-release`` keeps every page and caps the context at the pool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvpark
+from kvpark import SamplingParams
+from kvpark.engine.llm_engine import LLMEngine
+from kvpark.engine.outputs import TokenEvent, TokenLogprob
+from kvpark.model.gguf_file import GgufFile
+from kvpark.model.sources import default_model_path
+from kvpark.tokenizer.tokenizer import Tokenizer
+from support.tiny_arch import WINDOW, save_arch
+
+PAGE = 4
+SMALL = 32  # cells: far fewer than the long request's 150-odd positions
+LONG = "Rivers of Europe: the Danube, the Rhine, the Elbe, the Loire and the Po. " * 4
+OTHERS = ["Write a limerick about a cat.", "Explain recursion in two lines."]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2)
+RUNNERS = ["lean", "torch"]
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mistral")
+    tokenizer = Tokenizer.from_gguf_metadata(GgufFile(default_model_path()).metadata)
+    save_arch("mistral", tokenizer, root)
+    return root
+
+
+def make(
+    root: Path, runner: str, monkeypatch: pytest.MonkeyPatch, every: int = 0, **options: object
+) -> LLMEngine:
+    torch.set_num_threads(1)
+    monkeypatch.setenv("KVPARK_PREEMPT_EVERY", str(every))
+    monkeypatch.setenv("KVPARK_PREEMPT_FAIL_SAVE", "0")
+    options.setdefault("kv_cells", SMALL)
+    llm = kvpark.LLM(
+        model=str(root), runner=runner, exact=True, page_size=PAGE, threads=1, **options
+    )
+    return llm.engine
+
+
+def run(engine: LLMEngine, texts: dict[str, str]) -> tuple[dict[str, list[TokenLogprob]], int]:
+    """Every request added at once and run to the end: each one's logprobs, and the most cells
+    the pool held after any step."""
+    for rid, text in texts.items():
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        engine.check_request(ids, GREEDY)
+        engine.add_request(rid, ids, GREEDY)
+    got: dict[str, list[TokenLogprob]] = {rid: [] for rid in texts}
+    peak = 0
+    while engine.has_work:
+        for rid, events in engine.step().items():
+            for ev in events:
+                if isinstance(ev, TokenEvent) and ev.logprobs is not None:
+                    got[rid].extend(ev.logprobs)
+        peak = max(peak, engine.scheduler.pool.cells_used())
+    assert engine.scheduler.pool.cells_used() == 0
+    engine.scheduler.pool.check_integrity()
+    return got, peak
+
+
+@pytest.fixture(scope="module")
+def kept(mistral: Path) -> dict[str, tuple[dict[str, list[TokenLogprob]], int]]:
+    """Per runner: the long request alone on a pool that keeps every page."""
+    mp = pytest.MonkeyPatch()
+    try:
+        return {
+            r: run(make(mistral, r, mp, kv_cells=512, window_release=False), {"long": LONG})
+            for r in RUNNERS
+        }
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_long_request_holds_its_window_not_its_context(
+    mistral: Path, runner: str, kept: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make(mistral, runner, monkeypatch, max_batch_tokens=64)
+    n_prompt = len(engine.tokenizer.encode(LONG, add_special_tokens=False))
+    assert engine.max_model_len > SMALL  # the context is not capped at the pool
+    got, peak = run(engine, {"long": LONG})
+    want, kept_peak = kept[runner]
+    assert len(got["long"]) == GREEDY.max_tokens
+    assert got["long"] == want["long"]  # bitwise: tokens and logprobs
+    # kept, it held every position but its last two (its last step finishes it and frees them)
+    assert kept_peak >= n_prompt + GREEDY.max_tokens - 2
+    cells = engine.scheduler.cells
+    assert peak <= min(SMALL, cells.window_cells(cells.window_rows() or 0))
+    assert engine.runner.kv_window == WINDOW
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("park", ["swap", "recompute"])
+def test_parks_and_a_warm_prefix_cache_change_no_bit(
+    mistral: Path, runner: str, park: str, kept: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options: dict[str, object] = {"kv_cells": 64, "max_batch_tokens": 24}
+    if park == "recompute":
+        options["preempt_ram_mib"] = 0
+    engine = make(mistral, runner, monkeypatch, every=5, **options)
+    got, _ = run(engine, {"long": LONG, **{f"o{i}": t for i, t in enumerate(OTHERS)}})
+    assert engine.stats.preemptions_total[park] > 0
+    assert got["long"] == kept[runner][0]["long"]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_released_pages_are_cached_and_found_again(
+    mistral: Path, runner: str, kept: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make(mistral, runner, monkeypatch, kv_cells=64, max_batch_tokens=24)
+    run(engine, {"long": LONG})
+    # registered before they left: the prompt's first pages wait in the cache, not lost
+    assert engine.scheduler.pool.cells_cached() > 0
+    warm, _ = run(engine, {"again": LONG})
+    assert engine.stats.prefix_cache_hits_total > 0
+    assert warm["again"] == kept[runner][0]["long"]
+
+
+def test_without_window_release_every_page_stays(
+    mistral: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make(mistral, "lean", monkeypatch, window_release=False)
+    assert engine.max_model_len == SMALL
+    ids = engine.tokenizer.encode(LONG, add_special_tokens=False)
+    with pytest.raises(kvpark.RequestRejected, match="maximum context length"):
+        engine.check_request(ids, GREEDY)
