@@ -6,12 +6,14 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use kvpark_cpu_ops::{
-    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+    DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK,
+    Q6_GROUP,
 };
 
 /// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
-/// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32) or '6' (Q6_K unpacked: qs [n, k]
-/// i8, scale [n, k/16] f32, offset 0) in blocks; or dense,
+/// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32), '6' (Q6_K unpacked: qs [n, k]
+/// i8, scale [n, k/16] f32, offset 0) or 'i' (IQ4: qs [n, k/2] u8 nibbles into the IQ4 table,
+/// scale [n, k/32] f32, offset 0) in blocks; or dense,
 /// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
 /// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
 #[derive(FromPyObject, Clone, Copy)]
@@ -110,6 +112,12 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             n: m.n,
             k: m.k,
         }),
+        'i' => Weights::Iq4(Iq4Weights {
+            qs: slice(m.qs, m.n * m.k / 2),
+            scale: slice(m.scale, blocks),
+            n: m.n,
+            k: m.k,
+        }),
         '6' => Weights::Q6(Q6Weights {
             qs: slice(m.qs, m.n * m.k),
             scale: slice(m.scale, m.n * m.k / Q6_GROUP),
@@ -134,7 +142,7 @@ pub(super) fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResu
     } else {
         let offset = match m.kind {
             '4' => m.offset != 0,
-            '6' => m.offset == 0,
+            '6' | 'i' => m.offset == 0,
             _ => m.kind == '8',
         };
         k % BLOCK == 0 && m.scale != 0 && offset

@@ -1,5 +1,5 @@
-"""IQ4_NL and IQ4_XS matrices as int8 blocks (model/iq4_blocks.py): bit for bit the values
-``gguf`` itself dequantises, for rows quantised by ``gguf``'s own quantiser and for every byte
+"""IQ4_NL and IQ4_XS matrices as "iq4" blocks (model/iq4_blocks.py): their nibbles and scales, and
+the "q8" blocks they equal, bit for bit the values ``gguf`` itself dequantises, for every byte
 pattern a block can hold; a shape or type that is not theirs is refused."""
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ def test_every_byte_pattern_dequantises_as_gguf_reads_it(qtype: Q) -> None:
     raw[:, :2] = rng.uniform(-2.0, 2.0, (n, 1)).astype(np.float16).view(np.uint8).reshape(n, 2)
     shape = (8, per * n // 8)
     blocks = iq4_blocks(int(qtype), raw.reshape(-1), shape)
-    assert blocks.kind == "q8" and blocks.shape == shape and blocks.offset is None
+    assert blocks.kind == "iq4" and blocks.shape == shape and blocks.offset is None
+    assert blocks.qs.shape == (8, shape[1] // 2) and blocks.qs.flags.c_contiguous
     theirs = quants.dequantize(raw.reshape(8, -1), qtype).reshape(shape)
     assert blocks.dequantize().tobytes() == theirs.tobytes()
-    assert set(np.unique(blocks.qs)) == set(TABLE.tolist())  # every nibble was seen
+    q8 = blocks.as_q8()
+    assert q8.kind == "q8" and q8.dequantize().tobytes() == theirs.tobytes()
+    assert set(np.unique(q8.qs)) == set(TABLE.tolist())  # every nibble was seen
 
 
 def test_iq4_xs_scales_cover_their_six_bits() -> None:

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from kvpark.model import gguf_tensors
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.gguf_file import GgufFile
+from kvpark.model.iq4_blocks import iq4_blocks
 from kvpark.model.numpy_weights import load_numpy_weights
 from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.tokenizer.tokenizer import Tokenizer
@@ -136,11 +138,13 @@ def test_a_fused_matrix_of_two_kinds_runs_lean_part_by_part(
 
 
 def test_iq4_nl_and_iq4_xs_matrices_run_lean_as_their_float64_forward(
-    tmp_path: Path, tokenizer: Tokenizer
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """IQ4_XS attention and down, IQ4_NL gate/up and head: all q8 blocks (a table value per
-    nibble), within the float64 forward's bound; exact mode's rows alone equal them beside
-    others."""
+    """IQ4_XS attention and down, IQ4_NL gate/up and head: all "iq4" blocks (nibbles into the
+    table), within the float64 forward's bound; exact mode's rows alone equal them beside
+    others, and bit for bit the rows of the same model read as the q8 blocks they equal (the
+    kernels look the table up in registers: one row's kernel of its own, the others on q8
+    blocks expanded a few columns at a time)."""
     path = tmp_path / "iq4.gguf"
     write_tiny(
         path, "llama", attn=Q.IQ4_XS, mlp=Q.IQ4_NL, down=Q.IQ4_XS, head=Q.IQ4_NL, embed=Q.Q8_0
@@ -148,9 +152,15 @@ def test_iq4_nl_and_iq4_xs_matrices_run_lean_as_their_float64_forward(
     r = runner(path, tokenizer, block_dot="float32")
     layer = r.weights.layers[0].matrices
     assert {attr: getattr(m, "kind", None) for attr, m in layer.items()} == {
-        "qkv_w": "q8", "o_w": "q8", "gate_up_w": "q8", "down_w": "q8",
+        "qkv_w": "iq4", "o_w": "iq4", "gate_up_w": "iq4", "down_w": "iq4",
     }  # fmt: skip
-    assert isinstance(r.weights.head, Blocks) and r.weights.head.kind == "q8"
+    assert isinstance(r.weights.head, Blocks) and r.weights.head.kind == "iq4"
     check_logits(r)
-    alone, beside = alone_and_beside_others(runner(path, tokenizer, exact=True))
-    assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
+    for dot in ("int8", "float32"):
+        alone, beside = alone_and_beside_others(runner(path, tokenizer, block_dot=dot, exact=True))
+        assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
+        with monkeypatch.context() as m:
+            m.setattr(gguf_tensors, "iq4_blocks", lambda *args: iq4_blocks(*args).as_q8())
+            as_q8 = runner(path, tokenizer, block_dot=dot, exact=True)
+            assert as_q8.weights.layers[0].matrices["down_w"].kind == "q8"
+            assert np.array_equal(alone_and_beside_others(as_q8)[0], alone)

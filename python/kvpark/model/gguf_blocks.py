@@ -5,7 +5,8 @@ f16 offset), then the quants; 4-bit quants hold weight i of a block in the low n
 and weight i + 16 in the high nibble. ``Blocks`` splits them into the arrays the Rust kernels
 take (scales widened to float32, Q4_0's offset made explicit as -8 * scale: exact, a power-of-two
 multiple). GGUF's K-quants are repacked into these kinds (model/kquant_repack.py), Q6_K into a
-kind of its own, "q6": int8 quants with a scale per 16 weights. numpy, not torch: the CPU server
+kind of its own, "q6": int8 quants with a scale per 16 weights, and IQ4_NL / IQ4_XS into "iq4":
+nibbles indexing ``IQ4_TABLE`` (model/iq4_blocks.py). numpy, not torch: the CPU server
 builds its decoder without torch (lean_runner.py); ``BlockWeight.from_blocks`` wraps these arrays
 for the torch model, without a copy.
 """
@@ -13,12 +14,17 @@ for the torch model, without a copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 BLOCK = 32
 Q6_GROUP = 16  # weights per scale of kind "q6"
+# the values an "iq4" nibble indexes (llama.cpp's kvalues_iq4nl, as the GGUF format defines them)
+IQ4_TABLE = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8
+)
 # GGML type ids (gguf.GGMLQuantizationType) of the block formats kept as blocks
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
@@ -34,6 +40,8 @@ class Blocks:
     ``scale`` and ``offset``: [out, in / 32] float32.
     ``kind`` "q6" (Q6_K): ``qs`` [out, in] int8 (the file's q - 32); ``scale`` [out, in / 16]
     float32, one per 16 weights; no offset; weight = scale * q.
+    ``kind`` "iq4" (IQ4_NL, IQ4_XS): ``qs`` [out, in / 2] uint8 in q4's nibble order; no offset;
+    weight = scale * IQ4_TABLE[nibble]: the "q8" blocks of ``as_q8`` at half their bytes.
     """
 
     kind: str
@@ -55,8 +63,17 @@ class Blocks:
         offset = None if self.offset is None else self.offset[index]
         return Blocks(self.kind, self.qs[index], self.scale[index], offset)
 
+    def as_q8(self) -> Blocks:
+        """An "iq4" matrix as the "q8" blocks it equals (``q = IQ4_TABLE[nibble]``)."""
+        assert self.kind == "iq4"
+        out, inp = self.shape
+        q = nibbles(self.qs.reshape(-1, BLOCK // 2).view(np.uint8), np.intp)
+        return Blocks("q8", IQ4_TABLE[q].reshape(out, inp), self.scale, None)
+
     def dequantize(self) -> npt.NDArray[np.float32]:
         """The float32 matrix: ``BlockWeight.dequantize``'s arithmetic, bit for bit."""
+        if self.kind == "iq4":
+            return self.as_q8().dequantize()
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
         if self.kind in ("q8", "q6"):  # q6: one scale per row of 16, the kernels' one product
@@ -115,9 +132,9 @@ def half_at(blocks: npt.NDArray[np.uint8], at: int) -> npt.NDArray[np.float32]:
     return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32)
 
 
-def nibbles(qs: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
-    """4-bit quants (uint8 [n, 16]) as float32 [n, 32], in weight order."""
-    return np.concatenate((qs & 0x0F, qs >> 4), axis=1).astype(np.float32)
+def nibbles(qs: npt.NDArray[np.uint8], dtype: type[np.generic] = np.float32) -> npt.NDArray[Any]:
+    """4-bit quants (uint8 [n, 16]) as ``dtype`` [n, 32], in weight order."""
+    return np.concatenate((qs & 0x0F, qs >> 4), axis=1).astype(dtype)
 
 
 def unpermute_rows(rows: int, n_heads: int) -> npt.NDArray[np.int64]:

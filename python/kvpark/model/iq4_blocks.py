@@ -1,6 +1,7 @@
-"""GGUF's IQ4_NL and IQ4_XS matrices as the int8 ``Blocks`` (kind "q8") the Rust kernels take,
-in numpy, losslessly: both are 4-bit indices into one fixed table of sixteen int8 values, so a
-weight is a scale times an int8, which the q8 kind already multiplies (docs/cpu-kernels.md).
+"""GGUF's IQ4_NL and IQ4_XS matrices as the ``Blocks`` of kind "iq4" the Rust kernels take, in
+numpy, losslessly: both are 4-bit indices into one fixed table of sixteen int8 values, so a
+weight is a scale times an int8: the q8 kind's product, which the kernels compute from the
+nibbles, looked up in registers (docs/cpu-kernels.md).
 
     IQ4_NL: 18 bytes per 32 weights = d (f16), 16 bytes of nibbles
             weight j = d * TABLE[nibble j]
@@ -9,10 +10,11 @@ weight is a scale times an int8, which the q8 kind already multiplies (docs/cpu-
             weight j of sub-block s = (d * (scale_s - 32)) * TABLE[nibble j]
 
 The nibbles of a 32-weight (sub-)block are in our order (byte j: weight j low, weight j + 16
-high). As "q8" blocks: ``qs`` the int8 ``TABLE[nibble]``, ``scale`` ``d`` (IQ4_NL) or
+high), so "iq4" keeps them as they are: ``qs`` the nibbles, ``scale`` ``d`` (IQ4_NL) or
 ``d * (scale_s - 32)`` (IQ4_XS; exact in float32: an 11-bit significand times a 6-bit integer),
-no offset. The kernels' one product ``scale * q`` is then ``gguf.quants``' one product: bitwise
-the file's dequantised weights. Each weight takes a byte instead of 4.25 or 4.5 bits.
+no offset. The kernels' one product ``scale * TABLE[nibble]`` is then ``gguf.quants``' one
+product: bitwise the file's dequantised weights. Each weight takes 4 bits and a scale per 32
+(4.125 bits a weight in memory against the file's 4.25 or 4.5).
 """
 
 from __future__ import annotations
@@ -20,23 +22,20 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from kvpark.model.gguf_blocks import BLOCK, Blocks, half_at
+from kvpark.model.gguf_blocks import BLOCK, IQ4_TABLE, Blocks, half_at
 
 # GGML type ids (gguf.GGMLQuantizationType) and block sizes in bytes
 IQ4_NL, IQ4_XS = 20, 23
 IQ4_TYPES = (IQ4_NL, IQ4_XS)
 SUPER = 256  # weights per IQ4_XS block
-# the values a nibble indexes (llama.cpp's kvalues_iq4nl, as the GGUF format defines them)
-TABLE = np.array(
-    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8
-)
+TABLE = IQ4_TABLE  # the values a nibble indexes
 
 U8 = npt.NDArray[np.uint8]
 
 
 def iq4_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
     """An IQ4_NL or IQ4_XS tensor's bytes (uint8, blocks in file order; may be a read-only view
-    of the file) and its shape ``[out, in]`` as fresh "q8" ``Blocks``, bitwise
+    of the file) and its shape ``[out, in]`` as fresh "iq4" ``Blocks``, bitwise
     ``gguf.quants.dequantize`` once dequantised."""
     out, inp = shape
     if qtype not in IQ4_TYPES:
@@ -58,5 +57,5 @@ def iq4_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
         sub = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
         scale = (d * sub.astype(np.float32)).reshape(out, -1)
         nibbles = blocks[:, 8:].reshape(-1, BLOCK // 2)  # [sub-blocks, 16]
-    q = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=1)  # [blocks, 32], weight order
-    return Blocks("q8", TABLE[q].reshape(out, inp), scale.astype(np.float32), None)
+    qs = np.ascontiguousarray(nibbles).reshape(out, inp // 2)
+    return Blocks("iq4", qs, scale.astype(np.float32), None)

@@ -38,6 +38,7 @@ _BLOCKS: dict[str, tuple[type[np.generic], str]] = {
     "q4": (np.uint8, "4"),
     "q8": (np.int8, "8"),
     "q6": (np.int8, "6"),
+    "iq4": (np.uint8, "i"),
 }
 
 

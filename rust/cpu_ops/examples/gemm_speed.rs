@@ -8,7 +8,7 @@
 //! select the kernels, as everywhere.
 use kvpark_cpu_ops::{
     matmul_dense, matmul_i8, set_threads, DenseKernel, DenseValues, DenseWeights, I8Kernel,
-    I8Scratch, Q4Weights, Q6Weights, Q8Weights, Weights,
+    I8Scratch, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights,
 };
 use std::time::Instant;
 
@@ -18,6 +18,7 @@ enum Kind {
     Q8,
     Q8Offset,
     Q6,
+    Iq4,
 }
 
 struct Matrix {
@@ -36,7 +37,11 @@ impl Matrix {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
             (seed >> 33) as u32
         };
-        let bytes = if kind == Kind::Q4 { n * k / 2 } else { n * k };
+        let bytes = if matches!(kind, Kind::Q4 | Kind::Iq4) {
+            n * k / 2
+        } else {
+            n * k
+        };
         let scales = n * k / if kind == Kind::Q6 { 16 } else { 32 };
         Matrix {
             qs: (0..bytes).map(|_| next() as u8).collect(),
@@ -76,6 +81,12 @@ impl Matrix {
                 n,
                 k,
             }),
+            Kind::Iq4 => Weights::Iq4(Iq4Weights {
+                qs: &self.qs,
+                scale: &self.scale,
+                n,
+                k,
+            }),
         }
     }
 }
@@ -107,7 +118,7 @@ fn main() {
         "kind", "n", "k", "rows", "median us", "MAC/ns"
     );
     let mut scratch = I8Scratch::new();
-    for kind in [Kind::Q4, Kind::Q8, Kind::Q8Offset, Kind::Q6] {
+    for kind in [Kind::Q4, Kind::Q8, Kind::Q8Offset, Kind::Q6, Kind::Iq4] {
         if std::env::var("GEMM_SPEED_DENSE_ONLY").is_ok() {
             break;
         }

@@ -177,7 +177,7 @@ fn main() {
                     Weights::Q4(w) => matmul_q4(&x, rows, w, &mut y).unwrap(),
                     Weights::Q8(w) => matmul_q8(&x, rows, w, &mut y).unwrap(),
                     Weights::Q6(w) => matmul_q6(&x, rows, w, &mut y).unwrap(),
-                    Weights::Dense(_) => unreachable!("the shapes here are blocks"),
+                    Weights::Iq4(_) | Weights::Dense(_) => unreachable!("not made here"),
                 });
                 let i8_us = median_us(all.len(), |i| {
                     matmul_i8(&x, rows, weights(s, &all[i]), &mut y, kernel, &mut scratch).unwrap()

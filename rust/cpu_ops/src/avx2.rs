@@ -117,6 +117,7 @@ unsafe fn group<const R: usize, const G: usize>(
             };
             group_of::<R, G, _>(x, k, blocks, c, out)
         }
+        Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
         Weights::Dense(_) => unreachable!("dense matrices have their own product (dense/)"),
     }
 }

@@ -42,6 +42,7 @@ pub mod decoder;
 pub mod dense;
 mod exp;
 pub mod int8;
+mod iq4;
 pub mod isa;
 mod norm;
 mod plain;
@@ -54,12 +55,14 @@ mod weights;
 pub use attention::{decode_attention, decode_attention_with, DecodeAttention, KvValues, Scores};
 pub use dense::{matmul_dense, DenseKernel};
 pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch};
+pub use iq4::IQ4_TABLE;
 pub use norm::rms_norm;
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;
 pub use weights::{
-    DenseValues, DenseWeights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+    DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK,
+    Q6_GROUP,
 };
 
 use product::product;
@@ -102,6 +105,17 @@ pub fn matmul_q8_plain(
     y: &mut [f32],
 ) -> Result<(), ShapeError> {
     product(x, rows, Weights::Q8(w), y, false)
+}
+
+/// `y = x @ W.T` for IQ4_NL / IQ4_XS weights (nibbles into [`IQ4_TABLE`], a scale per 32):
+/// bitwise [`matmul_q8`] of the q8 blocks they equal.
+pub fn matmul_iq4(
+    x: &[f32],
+    rows: usize,
+    w: Iq4Weights<'_>,
+    y: &mut [f32],
+) -> Result<(), ShapeError> {
+    product(x, rows, Weights::Iq4(w), y, true)
 }
 
 /// `y = x @ W.T` for Q6_K weights (int8 quants, a scale per 16).

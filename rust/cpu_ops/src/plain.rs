@@ -34,6 +34,7 @@ pub(crate) fn expand(w: Weights<'_>, c: usize, b: usize, out: &mut [f32; BLOCK])
                 out[i] = w.scale[2 * at + i / Q6_GROUP] * f32::from(*q);
             }
         }
+        Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
         Weights::Dense(_) => unreachable!("dense matrices have their own product (dense/)"),
     }
 }

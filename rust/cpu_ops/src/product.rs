@@ -30,7 +30,7 @@ pub(crate) fn product(
     if simd {
         on_team(x, rows, w.k(), w, y);
     } else {
-        columns(x, rows, w.k(), w, 0..w.n(), &Output::new(y), false);
+        any_columns(x, rows, w.k(), w, 0..w.n(), &Output::new(y), false);
     }
     Ok(())
 }
@@ -42,7 +42,7 @@ fn on_team(x: &[f32], rows: usize, k: usize, w: Weights<'_>, y: &mut [f32]) {
     let out = Output::new(y);
     let col = |c: usize| (c * COLUMN_CHUNK).min(n);
     parallel(n.div_ceil(COLUMN_CHUNK), n * k, &|chunks| {
-        columns(
+        any_columns(
             x,
             rows,
             k,
@@ -52,6 +52,24 @@ fn on_team(x: &[f32], rows: usize, k: usize, w: Weights<'_>, y: &mut [f32]) {
             simd,
         )
     });
+}
+
+/// [`columns`] for any block weights: IQ4 ones expanded into q8 blocks a chunk at a time.
+fn any_columns(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+    simd: bool,
+) {
+    match w {
+        Weights::Iq4(w) => crate::iq4::expanded_columns(w, rows, cols, y, &|w, c, y| {
+            columns(x, rows, k, w, c, y, simd)
+        }),
+        _ => columns(x, rows, k, w, cols, y, simd),
+    }
 }
 
 /// Output columns `cols` of every row: `y[r * n + c]` for `c` in `cols`. `y` is the whole

@@ -31,6 +31,20 @@ pub struct Q8Weights<'a> {
     pub k: usize,
 }
 
+/// IQ4_NL / IQ4_XS weights: `weight = scale * IQ4_TABLE[nibble]`, per block of 32, the
+/// nibbles in [`Q4Weights`]' order. Read at half the bytes of the [`Q8Weights`] they equal:
+/// every product expands them into those q8 blocks a few columns at a time (`iq4.rs`), so its
+/// bits are the q8 product's.
+#[derive(Clone, Copy, Debug)]
+pub struct Iq4Weights<'a> {
+    /// `[n, k / 2]`.
+    pub qs: &'a [u8],
+    /// `[n, k / 32]`.
+    pub scale: &'a [f32],
+    pub n: usize,
+    pub k: usize,
+}
+
 /// GGUF's Q6_K unpacked: `weight = scale * q`, int8 `q` (Q6_K's `q - 32`, in [-32, 31]; the
 /// kernels take any int8) and one f32 scale per [`Q6_GROUP`] weights (Q6_K's `d * sc`, exact
 /// in f32: an 11-bit f16 significand times an 8-bit integer). Blocks of 32 as for the other
@@ -80,7 +94,14 @@ pub enum Weights<'a> {
     Q4(Q4Weights<'a>),
     Q8(Q8Weights<'a>),
     Q6(Q6Weights<'a>),
+    Iq4(Iq4Weights<'a>),
     Dense(DenseWeights<'a>),
+}
+
+impl<'a> From<Iq4Weights<'a>> for Weights<'a> {
+    fn from(w: Iq4Weights<'a>) -> Self {
+        Weights::Iq4(w)
+    }
 }
 
 impl<'a> From<DenseWeights<'a>> for Weights<'a> {
@@ -131,6 +152,7 @@ impl Weights<'_> {
             Weights::Q4(w) => w.n,
             Weights::Q8(w) => w.n,
             Weights::Q6(w) => w.n,
+            Weights::Iq4(w) => w.n,
             Weights::Dense(w) => w.n,
         }
     }
@@ -141,6 +163,7 @@ impl Weights<'_> {
             Weights::Q4(w) => w.k,
             Weights::Q8(w) => w.k,
             Weights::Q6(w) => w.k,
+            Weights::Iq4(w) => w.k,
             Weights::Dense(w) => w.k,
         }
     }
@@ -170,6 +193,11 @@ impl Weights<'_> {
                 check_blocks(x, y, rows, n, k)?;
                 check("qs", w.qs.len(), n * k)?;
                 check("scale", w.scale.len(), n * k / Q6_GROUP)
+            }
+            Weights::Iq4(w) => {
+                check_blocks(x, y, rows, n, k)?;
+                check("qs", w.qs.len(), n * k / 2)?;
+                check("scale", w.scale.len(), n * k / BLOCK)
             }
         }
     }

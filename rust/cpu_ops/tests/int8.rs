@@ -138,7 +138,7 @@ fn the_short_forms_are_the_best_kernel() {
             Weights::Q4(w) => matmul_q4_i8(&x, 3, w, &mut y).unwrap(),
             Weights::Q8(w) => matmul_q8_i8(&x, 3, w, &mut y).unwrap(),
             Weights::Q6(w) => matmul_q6_i8(&x, 3, w, &mut y).unwrap(),
-            Weights::Dense(_) => unreachable!("support::matrix makes blocks"),
+            Weights::Iq4(_) | Weights::Dense(_) => unreachable!("support::matrix makes neither"),
         }
         assert!(y.iter().zip(&want).all(|(a, b)| same(*a, *b)), "{kind:?}");
     }

@@ -77,7 +77,10 @@ class BlockWeight:
 
     @staticmethod
     def from_blocks(b: Blocks) -> BlockWeight:
-        """numpy ``Blocks`` as torch tensors over the same memory."""
+        """numpy ``Blocks`` as torch tensors over the same memory (an "iq4" matrix as the "q8"
+        blocks it equals: the torch path's kernels take those)."""
+        if b.kind == "iq4":
+            b = b.as_q8()
         offset = None if b.offset is None else torch.from_numpy(b.offset)
         return BlockWeight(b.kind, torch.from_numpy(b.qs), torch.from_numpy(b.scale), offset)
 

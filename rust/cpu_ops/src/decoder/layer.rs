@@ -18,7 +18,7 @@ pub(crate) fn matmul(
     scratch: &mut I8Scratch,
 ) -> Result<(), ShapeError> {
     match (dot, w) {
-        (Dot::Int8, Weights::Q4(_) | Weights::Q8(_) | Weights::Q6(_)) => {
+        (Dot::Int8, Weights::Q4(_) | Weights::Q8(_) | Weights::Q6(_) | Weights::Iq4(_)) => {
             matmul_i8(x, rows, w, y, I8Kernel::best(), scratch)
         }
         // a dense matrix takes f32 rows whatever the block dot (int8 needs blocks)

@@ -28,6 +28,7 @@ mod silu;
 use crate::attention::Scores;
 use crate::dense;
 use crate::int8::I8Scratch;
+use crate::iq4::IQ4_TABLE;
 use crate::norm::rms_norm;
 use crate::shape::ShapeError;
 use crate::weights::{Weights, BLOCK};
@@ -424,6 +425,14 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
                 for (i, q) in w.qs[at * B / 2..(at + 1) * B / 2].iter().enumerate() {
                     o[i] = s.mul_add(f32::from(q & 0x0F), off);
                     o[i + B / 2] = s.mul_add(f32::from(q >> 4), off);
+                }
+            }
+            Weights::Iq4(w) => {
+                // as the q8 blocks it equals: `q * scale`
+                let s = w.scale[at];
+                for (i, q) in w.qs[at * B / 2..(at + 1) * B / 2].iter().enumerate() {
+                    o[i] = f32::from(IQ4_TABLE[usize::from(q & 0x0F)]) * s;
+                    o[i + B / 2] = f32::from(IQ4_TABLE[usize::from(q >> 4)]) * s;
                 }
             }
             Weights::Q6(w) => {

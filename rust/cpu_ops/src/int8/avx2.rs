@@ -8,7 +8,7 @@ use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
-use crate::weights::{Q4Weights, Weights};
+use crate::weights::{Iq4Weights, Q4Weights, Weights};
 
 struct Maddubs;
 
@@ -76,4 +76,18 @@ pub(super) unsafe fn one_row(
     y: &Output,
 ) {
     one_row::columns::<Maddubs>(a, w, cols, y)
+}
+
+/// See `one_row::columns_iq4`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn one_row_iq4(
+    a: &Activations<'_>,
+    w: Iq4Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    one_row::columns_iq4::<Maddubs>(a, w, cols, y)
 }

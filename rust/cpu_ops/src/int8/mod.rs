@@ -241,7 +241,23 @@ pub fn matmul_i8(
     let out = Output::new(y);
     let col = |c: usize| (c * COLUMN_CHUNK).min(n);
     threads::parallel(n.div_ceil(COLUMN_CHUNK), n * w.k(), &|chunks| {
-        columns(kernel, &a, w, col(chunks.start)..col(chunks.end), &out)
+        let cols = col(chunks.start)..col(chunks.end);
+        match w {
+            #[cfg(target_arch = "x86_64")]
+            Weights::Iq4(w) if kernel != I8Kernel::Plain && !a.pairs.is_empty() => {
+                // SAFETY: the kernel runs here (matmul_i8 checked); `pairs` is set for one row.
+                unsafe {
+                    match kernel {
+                        I8Kernel::Avx512Vnni => vnni::one_row_iq4(&a, w, cols, &out),
+                        _ => avx2::one_row_iq4(&a, w, cols, &out),
+                    }
+                }
+            }
+            Weights::Iq4(w) => crate::iq4::expanded_columns(w, a.rows, cols, &out, &|w, c, y| {
+                columns(kernel, &a, w, c, y)
+            }),
+            _ => columns(kernel, &a, w, cols, &out),
+        }
     });
     Ok(())
 }

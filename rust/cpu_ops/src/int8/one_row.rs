@@ -14,8 +14,9 @@ use std::sync::OnceLock;
 
 use super::simd::{load_lanes, Dot};
 use super::{Activations, LANES};
+use crate::iq4::IQ4_TABLE;
 use crate::threads::Output;
-use crate::weights::{Q4Weights, BLOCK};
+use crate::weights::{Iq4Weights, Q4Weights, BLOCK};
 
 /// Bytes of a pair of blocks' activations in [`lay_out_pairs`]' order.
 const PAIR: usize = 2 * BLOCK;
@@ -108,6 +109,71 @@ pub(super) unsafe fn columns<D: Dot>(
         );
         _mm_prefetch(
             w.offset.as_ptr().wrapping_add(ahead) as *const i8,
+            _MM_HINT_T0,
+        );
+    }
+}
+
+/// [`columns`] for IQ4 blocks: the same nibbles, each looked up in [`IQ4_TABLE`] (`vpshufb`)
+/// into a signed weight `t`, multiplied as the q8 kernels multiply a signed quant (`|t|` against
+/// `x * sign(t)`: two products a `vpmaddubsw` lane, at most 2 * 127 * 127), and combined as a q8 block without
+/// an offset: the bits of the q8 product of the weights the table gives, at half its bytes.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and what `D` uses.
+#[inline(always)]
+pub(super) unsafe fn columns_iq4<D: Dot>(
+    a: &Activations<'_>,
+    w: Iq4Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    let blocks = a.k / BLOCK;
+    assert!(a.rows == 1 && a.k == w.k && cols.end <= w.n && a.padded >= blocks);
+    assert!(a.pairs.len() == blocks.div_ceil(2) * PAIR && a.d.len() == a.padded);
+    assert!(w.qs.len() == w.n * blocks * 16 && w.scale.len() == w.n * blocks);
+    let (qs, x) = (w.qs.as_ptr(), a.pairs.as_ptr());
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_TABLE.as_ptr().cast()));
+    for c in cols {
+        let base = c * blocks;
+        let mut acc = _mm256_setzero_ps();
+        for b0 in (0..blocks).step_by(LANES) {
+            let m = LANES.min(blocks - b0);
+            let mut sums = [_mm256_setzero_si256(); LANES / 2];
+            for (j, s) in sums.iter_mut().enumerate().take(m.div_ceil(2)) {
+                let b = b0 + 2 * j;
+                let p = qs.add((base + b) * 16);
+                _mm_prefetch(p.wrapping_add(PREFETCH_BYTES) as *const i8, _MM_HINT_T0);
+                let bytes = if b + 1 < blocks {
+                    _mm256_loadu_si256(p as *const __m256i)
+                } else {
+                    // an odd last block: its partner's activations are zeros
+                    _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
+                };
+                let mask = _mm256_set1_epi8(0x0f);
+                let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(bytes, mask));
+                let hi = _mm256_shuffle_epi8(
+                    table,
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask),
+                );
+                let xp = x.add(b * BLOCK);
+                let x_lo = _mm256_loadu_si256(xp as *const __m256i);
+                let x_hi = _mm256_loadu_si256(xp.add(BLOCK) as *const __m256i);
+                // two `dot`s, not a `pair`: AVX2's pair adds in i16, safe for nibbles only
+                *s = _mm256_add_epi32(
+                    D::dot(_mm256_abs_epi8(lo), _mm256_sign_epi8(x_lo, lo)),
+                    D::dot(_mm256_abs_epi8(hi), _mm256_sign_epi8(x_hi, hi)),
+                );
+            }
+            let isum = _mm256_cvtepi32_ps(reduce_pairs(&sums));
+            let scale = load_lanes(w.scale.as_ptr().add(base + b0), m);
+            let d = _mm256_loadu_ps(a.d.as_ptr().add(b0));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, d), isum, acc);
+        }
+        y.set(c, crate::avx2::hsum(acc));
+        let ahead = base + 2 * blocks; // the first cache line of a later column's scales
+        _mm_prefetch(
+            w.scale.as_ptr().wrapping_add(ahead) as *const i8,
             _MM_HINT_T0,
         );
     }

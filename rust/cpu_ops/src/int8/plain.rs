@@ -73,6 +73,7 @@ fn block(w: Weights<'_>, at: usize, xq: &[i8]) -> (f32, f32, i32) {
             (w.scale[at], w.offset.map_or(0.0, |o| o[at]), isum)
         }
         Weights::Q6(_) => unreachable!("Q6 blocks have two sums each: dot_q6"),
+        Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
         Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
     }
 }

@@ -78,6 +78,7 @@ pub(super) unsafe fn columns<D: Dot>(
             columns_of::<D, Q8>(a, f, offset, w.n, cols, y)
         }
         Weights::Q6(w) => super::q6::columns::<D>(a, w, cols, y),
+        Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
         Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
     }
 }

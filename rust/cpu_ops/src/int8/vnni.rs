@@ -9,7 +9,7 @@ use super::side_by_side::{self, Quads};
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
-use crate::weights::{Q4Weights, Weights};
+use crate::weights::{Iq4Weights, Q4Weights, Weights};
 
 struct Dpbusd;
 
@@ -72,4 +72,18 @@ pub(super) unsafe fn one_row(
     y: &Output,
 ) {
     one_row::columns::<Dpbusd>(a, w, cols, y)
+}
+
+/// See `one_row::columns_iq4`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and AVX-512 F, BW, VL and VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn one_row_iq4(
+    a: &Activations<'_>,
+    w: Iq4Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    one_row::columns_iq4::<Dpbusd>(a, w, cols, y)
 }

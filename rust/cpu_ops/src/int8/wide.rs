@@ -107,6 +107,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 transpose_q6(w, c0, blocks, g);
                 Kind::Q6
             }
+            Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
             Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
         };
         let n = w.n();
