@@ -194,8 +194,7 @@ def _requests(engine: LLMEngine, pages_of: dict[int, set[int]]) -> list[dict[str
 
 
 def _sizes(engine: LLMEngine, req: Request, pages_of: dict[int, set[int]]) -> dict[str, object]:
-    pool = engine.scheduler.pool
-    cells = sum(pool.seq_len(s.seq_id) for s in req.sequences if pool.has_sequence(s.seq_id))
+    cells = sum(engine.scheduler.cells.held(s.seq_id) for s in req.sequences)
     return {
         "key": req.key,
         "id": req.request_id,

@@ -30,7 +30,7 @@ def describe_slots(engine: LLMEngine) -> list[dict[str, object]]:
             "n_recompute": req.recomputes,
             "n_prompt_tokens": seq.prompt_len,
             "n_cached_tokens": req.cached_tokens,  # of the prompt, from the prefix cache
-            "n_cells": sched.pool.seq_len(seq_id) if sched.pool.has_sequence(seq_id) else 0,
+            "n_cells": sched.cells.held(seq_id),
             "n_decoded": seq.num_output,
             "request_id": req.request_id,
         }

@@ -36,6 +36,13 @@ class StepCells:
         if self.window is not None:
             self.pool.release_before(seq_id, max(0, self.pool.seq_len(seq_id) - self.window + 1))
 
+    def held(self, seq_id: int) -> int:
+        """Cells ``seq_id`` holds: its positions less those behind the window it gave back (0
+        for a sequence out of the pool)."""
+        if not self.pool.has_sequence(seq_id):
+            return 0
+        return self.pool.seq_len(seq_id) - self.pool.released_cells(seq_id)
+
     def window_cells(self, rows: int) -> int:
         """The most cells a sequence holds while ``rows`` rows of it are computed: its last
         ``window - 1`` positions and the rows, on pages that need not start aligned."""
