@@ -17,7 +17,7 @@ from kvpark import SamplingParams
 from kvpark.model.llama import LlamaModel
 from kvpark.model.ops import KVCache, OpSet
 from kvpark.model.ops.triton_ops import cuda_ops, triton_ops
-from kvpark.runner.batch import build_step_tensors
+from kvpark.runner.batch import build_padded_decode, build_step_tensors
 from kvpark.runner.cuda_graphs import DecodeGraphs, graphs_wanted
 from kvpark.sched.plan import StepItem, StepPlan
 from support.tiny_model import DEVICE, tiny_model
@@ -96,6 +96,15 @@ def test_steps_a_graph_cannot_serve_run_eagerly() -> None:
     wide = decode_plan([[0, 1, 2, 3, 4]], [18], [1])
     assert graphs.bucket_for(wide) is None  # wider than the static page tables
     assert graphs.bucket_for(StepPlan([], [], [])) is None
+
+
+def test_released_pages_point_at_the_scratch_page_in_a_padded_step() -> None:
+    """A page a sequence gave back behind a sliding window (-1 in the plan) never reaches a
+    kernel as an index outside the pool."""
+    plan = StepPlan([StepItem(1, 9, [5], True)], [2 * PAGE + 1], [[-1, -1, 2]])
+    step = build_padded_decode(plan, 2, SCRATCH, PAGE)
+    assert step.page_tables[0].tolist() == [SCRATCH, SCRATCH, 2]
+    assert step.page_tables[1].tolist() == [SCRATCH] * 3  # the padding row
 
 
 def test_graphs_are_wanted_only_for_the_triton_ops_on_cuda() -> None:

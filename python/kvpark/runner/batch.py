@@ -84,5 +84,8 @@ def build_padded_decode(
     width = max((len(t) for t in plan.page_tables), default=1)
     tables = torch.full((bucket, width), scratch_page, dtype=torch.int32)
     for row, table in enumerate(plan.page_tables[:n]):
-        tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        t = torch.tensor(table, dtype=torch.int32)
+        # a page given back behind a sliding window (-1) is never read: point it at the scratch
+        # page, so that no kernel can index outside the pool
+        tables[row, : len(table)] = torch.where(t < 0, scratch_page, t)
     return PaddedDecode(ints[0], ints[1], ints[2], tables)
