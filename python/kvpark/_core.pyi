@@ -47,17 +47,27 @@ class KvPool:
     """
 
     def __new__(
-        cls, n_cells: int, page_size: int = 16, prefix_cache_salt: int | None = None
+        cls,
+        n_cells: int,
+        page_size: int = 16,
+        prefix_cache_salt: int | None = None,
+        window: int | None = None,
     ) -> KvPool:
         """ValueError unless page_size > 0, n_cells > 0 and n_cells is a multiple of page_size.
 
         prefix_cache_salt (0..2**64): turn the prefix cache on, under this salt (it stands for
         the model, dtype and exact-mode tiling: pages are found only under the same salt).
+        window: every sequence's rows attend over their last `window` positions only, so a
+        prefix hit needs only the pages of the window before it (set_window).
         """
 
     @property
     def prefix_cache_salt(self) -> int | None:
         """The prefix cache's salt; None when it is off."""
+
+    @property
+    def window(self) -> int | None:
+        """The window the pool's sequences slide over; None where they attend to everything."""
 
     @property
     def page_size(self) -> int:

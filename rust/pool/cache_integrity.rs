@@ -57,17 +57,19 @@ impl KvPool {
             // A first page's parent key is its cache salt's root: any key.
             match e.parent {
                 None => {}
-                Some(r) => {
-                    let Some(parent) = cache.entry(r.page).filter(|_| cache.alive(r)) else {
-                        return Err(format!("page {p}'s parent registration is gone"));
-                    };
-                    if parent.key != e.parent_key || r.serial >= e.serial {
-                        return Err(format!("page {p}'s parent {} does not match", r.page));
+                Some(r) => match cache.entry(r.page).filter(|_| cache.alive(r)) {
+                    // an orphan: its parent's registration went before it (a window's pool)
+                    None if cache.orphans => {}
+                    None => return Err(format!("page {p}'s parent registration is gone")),
+                    Some(parent) => {
+                        if parent.key != e.parent_key || r.serial >= e.serial {
+                            return Err(format!("page {p}'s parent {} does not match", r.page));
+                        }
+                        if !parent.successors.contains(&page) {
+                            return Err(format!("page {p} is not among its parent's successors"));
+                        }
                     }
-                    if !parent.successors.contains(&page) {
-                        return Err(format!("page {p} is not among its parent's successors"));
-                    }
-                }
+                },
             }
             for &s in &e.successors {
                 let back = cache.entry(s).and_then(|se| se.parent);

@@ -21,6 +21,12 @@
 //! A page leaving the index takes its registered successors with it (they could never be
 //! reached again: a lookup walks from the first page): held ones stay held, unregistered, and
 //! cached ones are freed (`allocator.rs`). So every registered page's parent is registered.
+//!
+//! Except in a pool whose sequences slide (`KvPool::set_window`): a hit there needs only the
+//! pages of its last window, found by key from the token ids alone, so a page outlives its
+//! parent's registration (an *orphan*). Its lookup then checks the parent key and its own
+//! token ids, not the parent registration: a 64-bit collision of a whole prefix's key with the
+//! same page of tokens could give wrong K/V, where the strict check costs a miss.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -71,6 +77,8 @@ pub(crate) struct CachedPages {
     pub(crate) n_cached: usize,
     pub(crate) next_serial: Serial,
     pub(crate) clock: u64,
+    /// A page keeps its registration when its parent's goes (a sliding window's pool).
+    pub(crate) orphans: bool,
 }
 
 impl CachedPages {
@@ -83,13 +91,15 @@ impl CachedPages {
             n_cached: 0,
             next_serial: 1,
             clock: 0,
+            orphans: false,
         }
     }
 
-    /// Nothing registered, nothing cached (the salt stays).
+    /// Nothing registered, nothing cached (the salt and the orphans rule stay).
     pub(crate) fn reset(&mut self) {
-        let (n_pages, salt) = (self.entries.len(), self.salt);
+        let (n_pages, salt, orphans) = (self.entries.len(), self.salt, self.orphans);
         *self = Self::new(n_pages, salt);
+        self.orphans = orphans;
     }
 
     pub(crate) fn entry(&self, page: PageId) -> Option<&Registered> {
@@ -121,7 +131,10 @@ impl CachedPages {
     ) -> Option<PageRef> {
         let &page = self.by_key.get(&key)?;
         let e = self.entry(page)?;
-        let same = e.parent_key == parent_key && e.parent == parent && *e.tokens == *tokens;
+        // with orphans, the parent registration may be gone: its key and the tokens decide
+        let same = e.parent_key == parent_key
+            && (self.orphans || e.parent == parent)
+            && *e.tokens == *tokens;
         same.then_some(PageRef {
             page,
             serial: e.serial,
@@ -210,8 +223,9 @@ impl CachedPages {
         }
     }
 
-    /// Drops the registration of `page` and of all its registered successors, and returns the
-    /// pages that were cached (now neither registered nor held: the caller frees them).
+    /// Drops the registration of `page` and of all its registered successors (with orphans: of
+    /// `page` alone), and returns the pages that were cached (now neither registered nor held:
+    /// the caller frees them).
     pub(crate) fn unregister(&mut self, page: PageId) -> Vec<PageId> {
         let mut uncached = Vec::new();
         let mut stack = vec![page];
@@ -227,6 +241,9 @@ impl CachedPages {
             if let Some(p) = e.parent.filter(|&p| self.alive(p)) {
                 let pe = self.entries[p.page as usize].as_mut().expect("alive");
                 pe.successors.retain(|&s| s != page);
+            }
+            if self.orphans {
+                continue; // they stay findable by key: orphans from now on
             }
             // Reversed, so that successors are freed in the order they were registered.
             stack.extend(e.successors.iter().rev());

@@ -37,6 +37,7 @@ mod page_key;
 mod prefix;
 mod sequences;
 mod token_chain;
+mod window_hit;
 
 use std::collections::BTreeMap;
 
@@ -70,6 +71,8 @@ pub struct KvPool {
     /// Per sequence, the token ids registered so far and the chain of its full pages; empty
     /// with the prefix cache off.
     pub(crate) chains: BTreeMap<SeqId, TokenChain>,
+    /// The sliding window every sequence's rows attend over (`set_window`), if any.
+    pub(crate) window: Option<usize>,
 }
 
 impl KvPool {
@@ -95,6 +98,7 @@ impl KvPool {
             pages: PageAllocator::new(n_pages, page_size, salt),
             tables: BTreeMap::new(),
             chains: BTreeMap::new(),
+            window: None,
         })
     }
 

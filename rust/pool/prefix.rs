@@ -271,6 +271,11 @@ impl KvPool {
         let Some(cache) = &self.pages.cache else {
             return PrefixHit::default();
         };
+        if let Some(window) = self.window {
+            return self
+                .window_hit(tokens, max_tokens, root_key(cache_salt), window)
+                .0;
+        }
         let links = walk(
             cache,
             self.page_size(),
@@ -339,6 +344,9 @@ impl KvPool {
             return Ok(0);
         };
         let root = self.chains.get(&seq).map_or(ROOT_KEY, |c| c.root);
+        if self.window.is_some() {
+            return Ok(self.attach_window_hit(seq, tokens, max_tokens, root));
+        }
         let links = walk(cache, page_size, root, tokens, max_tokens);
         if links.is_empty() {
             return Ok(0);

@@ -1,5 +1,6 @@
 //! `kvpark._core.KvPool`: the [`KvPool`] behind a Python class, method for method.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::{KvPool, PageId, SeqId};
@@ -23,13 +24,32 @@ impl PyKvPool {
     /// ValueError unless page_size > 0, n_cells > 0 and n_cells is a multiple of page_size.
     /// prefix_cache_salt (0..2**64): turn the prefix cache on, under this salt (it stands for
     /// the model, dtype and exact-mode tiling: pages are found only under the same salt).
+    /// window: every sequence's rows attend over their last `window` positions only, so a
+    /// prefix hit needs only the pages of the window before it (set_window).
     #[new]
-    #[pyo3(signature = (n_cells, page_size = 16, prefix_cache_salt = None))]
-    fn new(n_cells: usize, page_size: usize, prefix_cache_salt: Option<u64>) -> PyResult<Self> {
-        Ok(Self(match prefix_cache_salt {
+    #[pyo3(signature = (n_cells, page_size = 16, prefix_cache_salt = None, window = None))]
+    fn new(
+        n_cells: usize,
+        page_size: usize,
+        prefix_cache_salt: Option<u64>,
+        window: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut pool = match prefix_cache_salt {
             Some(salt) => KvPool::with_prefix_cache(n_cells, page_size, salt)?,
             None => KvPool::new(n_cells, page_size)?,
-        }))
+        };
+        match window {
+            Some(0) => return Err(PyValueError::new_err("a window of no positions")),
+            Some(w) => pool.set_window(w),
+            None => {}
+        }
+        Ok(Self(pool))
+    }
+
+    /// The window the pool's sequences slide over; None where they attend to everything.
+    #[getter]
+    fn window(&self) -> Option<usize> {
+        self.0.window()
     }
 
     /// The prefix cache's salt; None when it is off.

@@ -52,11 +52,17 @@ def make(
     return llm.engine
 
 
-def run(engine: LLMEngine, texts: dict[str, str]) -> tuple[dict[str, list[TokenLogprob]], int]:
-    """Every request added at once and run to the end: each one's logprobs, and the most cells
-    the pool held after any step."""
+def encode(engine: LLMEngine, text: str) -> list[int]:
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def run(
+    engine: LLMEngine, texts: dict[str, str | list[int]]
+) -> tuple[dict[str, list[TokenLogprob]], int]:
+    """Every request (a text, or token ids) added at once and run to the end: each one's
+    logprobs, and the most cells the pool held after any step."""
     for rid, text in texts.items():
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        ids = text if isinstance(text, list) else encode(engine, text)
         engine.check_request(ids, GREEDY)
         engine.add_request(rid, ids, GREEDY)
     got: dict[str, list[TokenLogprob]] = {rid: [] for rid in texts}
@@ -122,12 +128,21 @@ def test_released_pages_are_cached_and_found_again(
     mistral: Path, runner: str, kept: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = make(mistral, runner, monkeypatch, kv_cells=64, max_batch_tokens=24)
-    run(engine, {"long": LONG})
-    # registered before they left: the prompt's first pages wait in the cache, not lost
+    assert engine.scheduler.pool.window == WINDOW
+    # beside others, on a pool that holds a sixth of their positions: pages are evicted
+    first, _ = run(engine, {"long": LONG, **{f"o{i}": t for i, t in enumerate(OTHERS)}})
     assert engine.scheduler.pool.cells_cached() > 0
-    warm, _ = run(engine, {"again": LONG})
-    assert engine.stats.prefix_cache_hits_total > 0
-    assert warm["again"] == kept[runner][0]["long"]
+    # the conversation returns: its prompt, the answer and a new message
+    ids = encode(engine, LONG) + [t.token_id for t in first["long"]]
+    ids += encode(engine, " And the Seine?")
+    warm, _ = run(engine, {"again": ids})
+    # found again: only the pages of the window before the hit are needed, and the cache keeps
+    # them findable when the pages before them were evicted (the prompt's, long ago)
+    assert engine.stats.prefix_cache_hits_total >= GREEDY.max_tokens
+    cold, _ = run(
+        make(mistral, runner, monkeypatch, kv_cells=512, window_release=False), {"c": ids}
+    )
+    assert warm["again"] == cold["c"]
 
 
 def test_without_window_release_every_page_stays(

@@ -66,7 +66,10 @@ class Scheduler(Parks):
         self.config = config
         self.max_model_len = max_model_len
         self.pool = KvPool(
-            pool_config.kv_cells, pool_config.page_size, prefix_cache_salt=prefix_cache_salt
+            pool_config.kv_cells,
+            pool_config.page_size,
+            prefix_cache_salt=prefix_cache_salt,
+            window=window,
         )
         self.cache = PrefixCacheCounts()
         self.page_size = pool_config.page_size
