@@ -84,9 +84,11 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             "KVPARK_TP_TIMEOUT",
-            "120",
-            "Seconds a collective of a tensor-parallel step may wait for the other ranks before "
-            "the step fails and the server exits (a rank that has exited fails it at once).",
+            "30",
+            "Seconds a collective of a tensor-parallel step (or park) may wait for the other "
+            "ranks before the step fails and the server exits 1 (a rank that has exited fails "
+            "it at once); below --engine-timeout, so that a rank that hangs is named. Joining "
+            "and loading have 10 minutes.",
         ),
         Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
         Knob(

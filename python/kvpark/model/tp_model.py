@@ -21,7 +21,7 @@ backend's all-reduce does the sum (NCCL's ring on CUDA).
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -36,22 +36,23 @@ Tensor = torch.Tensor
 
 
 class Collectives:
-    """The sums and gathers of a shard's forward, over the default torch.distributed group."""
+    """The sums and gathers of a shard's forward, over ``group`` (torch.distributed's)."""
 
-    def __init__(self, rank: int, world: int, exact: bool) -> None:
+    def __init__(self, rank: int, world: int, exact: bool, group: Any = None) -> None:
         self.rank = rank
         self.world = world
         self.exact = exact
+        self.group = group  # a ProcessGroup of the world's ranks; None: the default group
 
     def reduce(self, t: Tensor) -> Tensor:
         """The sum of every rank's ``t``, the same bits on every rank."""
         if self.world == 1:
             return t
         if not self.exact:
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self.group)
             return t
         parts = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(parts, t.contiguous())
+        dist.all_gather(parts, t.contiguous(), group=self.group)
         out = parts[0]
         for part in parts[1:]:  # rank order: fixed for a TP size
             out = out + part
@@ -63,7 +64,7 @@ class Collectives:
         if self.world == 1:
             return t
         parts = [torch.empty_like(t) for _ in range(self.world)] if self.rank == 0 else None
-        dist.gather(t.contiguous(), parts, dst=0)
+        dist.gather(t.contiguous(), parts, dst=0, group=self.group)
         return torch.cat(parts, dim=1) if parts is not None else None
 
 

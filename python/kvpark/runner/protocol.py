@@ -13,7 +13,9 @@ pool decides which cells each sequence holds, and the plan says which cells each
 reads. One optional member, not checked at start: ``embed(token_ids: list[int])`` (the prompt's
 float32 embedding ``[hidden]``, a numpy array or a torch tensor, computed without touching the
 pool's cells), which
-``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers 501). The built-in
+``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers 501); and
+``close()``, which the engine calls once at shutdown, after every request is aborted (the
+tensor-parallel runner stops its other ranks there). The built-in
 runners are the CPU's one stack, ``kvpark.runner.lean_runner.LeanCpuRunner`` (the Rust decoder
 over numpy weights and pool, no torch), and ``kvpark.runner.torch_runner.TorchRunner`` (CUDA, and
 on the CPU the reference and what the decoder cannot run; it needs the ``gpu`` extra).

@@ -76,7 +76,7 @@ class RankShard:
         self.arch = weights.arch  # the whole model's
         shard = shard_weights(weights, self.rank, self.world)
         del weights
-        comm = Collectives(self.rank, self.world, m.exact)
+        comm = Collectives(self.rank, self.world, m.exact, group.steps)
         make = functools.partial(ShardedLlama, comm=comm, vocab=self.arch.vocab_size)
         self.model = torch_model(shard, self.dtype, self.device, make=make).eval()
         self.page_size = config.pool.page_size

@@ -10,13 +10,13 @@ scheduler and the Rust planner run as they do for one process, on rank 0 alone.
     parking ─► host_buffer / save_cells / restore_cells: the same command to every rank, each
                carrying out its share of the cells; the answers combined (all ok?)
 
-Each step's plan is broadcast once (plain data, pickled); every rank writes its share of the
-heads of every cell the plan names. A park is decided once, by the planner on rank 0: a swap
-moves each rank's share into that rank's host memory; if any rank cannot take the buffer or save
-its share, ``host_buffer`` or ``save_cells`` raises ``MemoryError`` and the park becomes a
-recompute, which touches no rank (the cells are dropped in the pool, on rank 0). A
-rank that is gone (it exited, or a collective with it failed or timed out) raises
-``RunnerFailed``: the engine then fails every request and the server exits 1.
+Each step's plan is sent once (plain data, pickled, through the group's store: tp_group.py);
+every rank writes its share of the heads of every cell the plan names. A park is decided once,
+by the planner on rank 0: a swap moves each rank's share into that rank's host memory; if any
+rank cannot take the buffer or save its share, ``host_buffer`` or ``save_cells`` raises
+``MemoryError`` and the park becomes a recompute, which touches no rank (the cells are dropped
+in the pool, on rank 0). A rank that is gone (it exited, or a collective with it failed or timed
+out) raises ``RunnerFailed``: the engine then fails every request and the server exits 1.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class TpRunner:
         except BaseException:
             self._abandon()
             raise
-        if not self.group.all_ok(True):
+        if not self.group.all_loaded(True):
             self._abandon()
             raise RuntimeError("a rank of the tensor-parallel group failed to load the model")
         log.info(
@@ -83,7 +83,7 @@ class TpRunner:
 
     def _abandon(self) -> None:
         with contextlib.suppress(Exception):
-            self.group.all_ok(False)  # the workers wait on it after loading
+            self.group.all_loaded(False)  # the workers wait on it after loading
         for proc in self.group.workers:
             proc.kill()
 

@@ -49,9 +49,9 @@ def run_worker() -> int:
             shard = RankShard(config, group)
         except BaseException:
             log.exception("rank %d: loading the model failed", rank)
-            group.all_ok(False)
+            group.all_loaded(False)
             return 1
-        if not group.all_ok(True):
+        if not group.all_loaded(True):
             return 1  # another rank failed to load: rank 0 says why
         log.info("rank %d of %d: ready", rank, group.world)
         while True:
