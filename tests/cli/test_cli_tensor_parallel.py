@@ -47,3 +47,17 @@ def test_a_model_whose_heads_divide_becomes_the_config(tmp_path: Path) -> None:
     )
     engine, _ = parse(["serve", "--model", str(tmp_path), "--tensor-parallel", "2"])
     assert engine.model.tensor_parallel == 2  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_every_rank_checks_the_flags_before_joining(
+    rank: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in {"RANK": rank, "WORLD_SIZE": "2", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    code, err = exit_code_and_error(["serve"], capsys)
+    assert (
+        code == 2 and f"rank {rank} of 2 processes under torchrun needs --tensor-parallel 2" in err
+    )
+    code, err = exit_code_and_error(["serve", "--tensor-parallel", "2"], capsys)
+    assert code == 2 and "the model's 9 query heads and 3 KV heads" in err  # no rank waits

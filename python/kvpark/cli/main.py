@@ -164,13 +164,19 @@ def _flat_options(config: EngineConfig) -> dict[str, object]:
     return options
 
 
-def run_tp_worker(
+def check_torchrun_rank(
     args: argparse.Namespace, p: argparse.ArgumentParser, rank: int, world: int
-) -> int:
+) -> None:
+    """Every rank under torchrun: ``--tensor-parallel`` is the world's size, and the flags pass
+    rank 0's checks (exit 2 on every rank, none left waiting for the others to join)."""
+    if getattr(args, "tensor_parallel", 1) != world:
+        p.error(f"rank {rank} of {world} processes under torchrun needs --tensor-parallel {world}")
+    engine_config(args, p)
+
+
+def run_tp_worker(args: argparse.Namespace) -> int:
     """A rank other than 0 under torchrun: the worker loop (runner/tp_worker.py); the model and
     every setting come from rank 0."""
-    if args.tensor_parallel != world:
-        p.error(f"rank {rank} of {world} processes needs --tensor-parallel {world}")
     os.environ["KVPARK_TP_DEVICE"] = args.device  # the backend must be rank 0's
     from kvpark.runner.tp_worker import main as worker_main
 
@@ -187,8 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     sub: argparse.ArgumentParser = args.parser
     launched = torchrun_world()
-    if launched is not None and launched[0] != 0:  # torchrun: rank 0 serves, the others work
-        return run_tp_worker(args, sub, *launched)
+    if launched is not None:  # torchrun: rank 0 serves, the others work
+        check_torchrun_rank(args, sub, *launched)
+        if launched[0] != 0:
+            return run_tp_worker(args)
     if args.command == "serve":
         from kvpark.server.run import http_stack, serve
 
