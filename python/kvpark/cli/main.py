@@ -24,6 +24,7 @@ from kvpark.cli.server_flags import add_server_flags, server_config
 from kvpark.cli.values import HelpFormatter, apply_env, int_at_least
 from kvpark.config import env
 from kvpark.config.layers import EngineConfig
+from kvpark.runner.tp_checks import torchrun_world
 
 
 def package_version() -> str:
@@ -163,6 +164,25 @@ def _flat_options(config: EngineConfig) -> dict[str, object]:
     return options
 
 
+def check_torchrun_rank(
+    args: argparse.Namespace, p: argparse.ArgumentParser, rank: int, world: int
+) -> None:
+    """Every rank under torchrun: ``--tensor-parallel`` is the world's size, and the flags pass
+    rank 0's checks (exit 2 on every rank, none left waiting for the others to join)."""
+    if getattr(args, "tensor_parallel", 1) != world:
+        p.error(f"rank {rank} of {world} processes under torchrun needs --tensor-parallel {world}")
+    engine_config(args, p)
+
+
+def run_tp_worker(args: argparse.Namespace) -> int:
+    """A rank other than 0 under torchrun: the worker loop (runner/tp_worker.py); the model and
+    every setting come from rank 0."""
+    os.environ["KVPARK_TP_DEVICE"] = args.device  # the backend must be rank 0's
+    from kvpark.runner.tp_worker import main as worker_main
+
+    return worker_main()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["bench"]:
@@ -172,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     sub: argparse.ArgumentParser = args.parser
+    launched = torchrun_world()
+    if launched is not None:  # torchrun: rank 0 serves, the others work
+        check_torchrun_rank(args, sub, *launched)
+        if launched[0] != 0:
+            return run_tp_worker(args)
     if args.command == "serve":
         from kvpark.server.run import http_stack, serve
 

@@ -75,6 +75,21 @@ KNOBS: dict[str, Knob] = {
             "step: the thread dies (0: off).",
             test_only=True,
         ),
+        Knob(
+            "KVPARK_TP_FAIL_SAVE",
+            "0",
+            "R >= 1: rank R of a tensor-parallel group fails every save of a swap park, so "
+            "every park turns into a recompute on every rank (0: off).",
+            test_only=True,
+        ),
+        Knob(
+            "KVPARK_TP_TIMEOUT",
+            "30",
+            "Seconds a collective of a tensor-parallel step (or park) may wait for the other "
+            "ranks before the step fails and the server exits 1 (a rank that has exited fails "
+            "it at once); below --engine-timeout, so that a rank that hangs is named. Joining "
+            "and loading have 10 minutes.",
+        ),
         Knob("KVPARK_LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
         Knob(
             "KVPARK_RELEASE_GPU_LIBS",
@@ -151,6 +166,23 @@ class Knobs:
             fault_wedge=_count_knob("KVPARK_FAULT_WEDGE", environ),
             fault_die=_count_knob("KVPARK_FAULT_DIE", environ),
         )
+
+
+def tp_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """``KVPARK_TP_TIMEOUT``: read where a tensor-parallel group starts (runner/tp_group.py)."""
+    text = raw("KVPARK_TP_TIMEOUT", environ)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"KVPARK_TP_TIMEOUT={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"KVPARK_TP_TIMEOUT={text} must be > 0")
+    return value
+
+
+def tp_fail_save_rank(environ: Mapping[str, str] | None = None) -> int:
+    """``KVPARK_TP_FAIL_SAVE``: the rank whose saves fail (0: none)."""
+    return _count_knob("KVPARK_TP_FAIL_SAVE", environ)
 
 
 def _count_knob(name: str, environ: Mapping[str, str] | None) -> int:

@@ -61,6 +61,8 @@ class ModelConfig:
     runner: str | None = None
     # replaces the model's chat template: the template's text (--chat-template FILE reads it)
     chat_template: str | None = None
+    # ranks the torch model is sharded over (heads, MLP and vocabulary; runner/tp_runner.py)
+    tensor_parallel: int = 1
 
 
 @dataclass(frozen=True)

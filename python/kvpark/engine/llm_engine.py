@@ -158,9 +158,13 @@ class LLMEngine:
         return True
 
     def close(self) -> None:
-        """Abort every request (shutdown): copies in flight land first, then everything is freed."""
+        """Abort every request (shutdown): copies in flight land first, then everything is freed;
+        then the runner's optional ``close()`` (a tensor-parallel runner stops its other ranks)."""
         for request_id in list(self._requests):
             self.abort(request_id)
+        close = getattr(self.runner, "close", None)
+        if callable(close):
+            close()
 
     @property
     def has_work(self) -> bool:

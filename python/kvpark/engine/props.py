@@ -24,6 +24,8 @@ def describe_props(
             "page_size": config.pool.page_size,
             "parallel": s.parallel,
         },
+        # ranks the model is sharded over (--tensor-parallel; 1: one process)
+        "tensor_parallel": config.model.tensor_parallel,
         # true only when exact mode runs: asked for, and a row-invariant runner doing it
         "exact": engine is not None and config.model.exact and engine.runner.row_invariant,
         # the CPU paths the built-in runner chose (docs/cpu-kernels.md); null on CUDA or

@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from kvpark.engine.outputs import ErrorEvent, NoticeEvent, StreamEvent
+from kvpark.runner.failures import RunnerFailed
 
 if TYPE_CHECKING:
     from kvpark.engine.llm_engine import LLMEngine
@@ -34,7 +35,12 @@ def fail_step(
 ) -> dict[str, list[StreamEvent]]:
     """The failed step's events: one ``ErrorEvent`` for each of its requests, after they are
     aborted and the pool checked, and the park notices of the others that the step's lost
-    events held. :class:`EngineBroken` if the pool is not sound."""
+    events held. :class:`EngineBroken` if the pool is not sound, or if the runner can run no
+    more (``RunnerFailed``: a rank of a tensor-parallel group is gone), which ends the engine:
+    every request then hears why."""
+    if isinstance(error, RunnerFailed):
+        log.error("the runner failed: %s", error, exc_info=error)
+        raise EngineBroken(f"the runner failed: {error}") from error
     in_step = watch.in_step
     if in_step is None:  # it raised before its plan was out: those that hold cells
         in_step = {req.request_id for req in engine.scheduler.running}

@@ -12,6 +12,7 @@ through ``masked_attention`` instead of the set's kernels, in the set's row-inva
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -59,6 +60,9 @@ class Block(nn.Module):
         # Gemma: norms of the attention's and the MLP's outputs, before each residual add
         self.post_attn_norm = _param((hidden,), dtype, device) if a.sandwich_norms else None
         self.post_mlp_norm = _param((hidden,), dtype, device) if a.sandwich_norms else None
+        # tensor parallel (tp_model.py): the sum over the ranks of the attention's and the MLP's
+        # partial outputs (row-parallel products); None: the whole model is here
+        self.reduce: Callable[[Tensor], Tensor] | None = None
 
     def forward(
         self,
@@ -90,6 +94,8 @@ class Block(nn.Module):
         else:
             att = ops.attention(q, k_cache, v_cache, plan)  # [T, nh, d]
         out = ops.linear(att.reshape(n_rows, nh * d), self.o_w, self.o_b)
+        if self.reduce is not None:
+            out = self.reduce(out)
         if self.post_attn_norm is not None:
             out = ops.rms_norm(out, self.post_attn_norm, a.rms_eps)
         x = x + out
@@ -101,6 +107,8 @@ class Block(nn.Module):
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.gelu(gate, approximate="tanh") if a.activation == "gelu_tanh" else F.silu(gate)
             out = ops.linear(act.mul_(up), self.down_w, None)
+        if self.reduce is not None:
+            out = self.reduce(out)
         if self.post_mlp_norm is not None:
             out = ops.rms_norm(out, self.post_mlp_norm, a.rms_eps)
         return x + out

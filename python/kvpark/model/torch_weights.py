@@ -7,12 +7,13 @@ on another device they are dequantised (the block kernels are the CPU's)."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from kvpark.model.arch import ModelLoadError
+from kvpark.model.arch import ModelArch, ModelLoadError
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.llama import Block, LlamaModel
 from kvpark.model.ops.block_weights import BlockWeight
@@ -20,10 +21,16 @@ from kvpark.model.ops.rope import RopeTable
 from kvpark.model.weight_arrays import Dense, Matrix, NumpyWeights, Stacked
 
 
-def torch_model(w: NumpyWeights[Matrix], dtype: torch.dtype, device: torch.device) -> LlamaModel:
-    """The model over ``w``'s arrays (which it then shares: do not write to them)."""
+def torch_model(
+    w: NumpyWeights[Matrix],
+    dtype: torch.dtype,
+    device: torch.device,
+    make: Callable[[ModelArch, torch.dtype, torch.device], LlamaModel] = LlamaModel,
+) -> LlamaModel:
+    """The model over ``w``'s arrays (which it then shares: do not write to them); ``make``
+    builds the empty model (a tensor-parallel rank's shard: model/tp_model.py)."""
     arch = w.arch
-    model = LlamaModel(arch, dtype, device)
+    model = make(arch, dtype, device)
     for i, (layer, module) in enumerate(zip(w.layers, model.layers, strict=True)):
         for attr, vector in layer.vectors.items():
             _put(getattr(module, attr), vector, f"layer {i}'s {attr}")

@@ -105,7 +105,9 @@ class Parking:
     def swap_out(self, slot: int, cells: list[int], capacity: int) -> SwapState | None:
         """Copy ``cells`` (a sequence's cells in logical order) into the slot's buffer.
 
-        Returns None when the host memory cannot be had; the caller then parks by recompute.
+        Returns None when the host memory cannot be had, or the runner could not save the state
+        (``save_cells`` raised ``MemoryError``: a tensor-parallel rank could not save its share);
+        the caller then parks by recompute.
         """
         need = self.state_bytes(len(cells))
         if self.capacity(slot) < need:
@@ -122,7 +124,11 @@ class Parking:
         buf = self._buffers[slot]
         assert buf is not None
         if cells:
-            self._start(slot, buf, lambda mover: mover.save(cells, buf))
+            try:
+                self._start(slot, buf, lambda mover: mover.save(cells, buf))
+            except MemoryError as e:  # not saved, the cells still whole: recompute instead
+                log.warning("a %.1f MiB park could not be saved: %s", need / 2**20, e)
+                return None
         return SwapState(slot, len(cells), need)
 
     def swap_in(self, slot: int, cells: list[int], first: int = 0) -> None:

@@ -10,13 +10,14 @@ under kvpark's pool, scheduler, preemption and server (docs/custom-runners.md wa
 The engine touches a runner only through these members. The runner owns the K/V storage for the
 pool's cells (``kv_cells`` cells in pages of ``page_size``, both in ``EngineConfig.pool``); the Rust
 pool decides which cells each sequence holds, and the plan says which cells each row writes and
-reads. Two optional members, not checked at start: ``embed(token_ids: list[int])`` (the prompt's
+reads. Three optional members, not checked at start: ``embed(token_ids: list[int])`` (the prompt's
 float32 embedding ``[hidden]``, a numpy array or a torch tensor, computed without touching the
 pool's cells), which ``/v1/embeddings`` needs (engine/embeddings.py; without it the route answers
-501); and ``kv_window: int | None``, the sliding window every layer attends over (a row reads the
+501); ``kv_window: int | None``, the sliding window every layer attends over (a row reads the
 last ``kv_window`` positions of its sequence only, itself included): the pool then gives back each
 sequence's pages behind it, and the plan's page tables hold ``-1`` for them (absent or None: every
-page is kept). The built-in
+page is kept); and ``close()``, which the engine calls once at shutdown, after every request is
+aborted (the tensor-parallel runner stops its other ranks there). The built-in
 runners are the CPU's one stack, ``kvpark.runner.lean_runner.LeanCpuRunner`` (the Rust decoder
 over numpy weights and pool, no torch), and ``kvpark.runner.torch_runner.TorchRunner`` (CUDA, and
 on the CPU the reference and what the decoder cannot run; it needs the ``gpu`` extra).
@@ -99,7 +100,9 @@ class Runner(Protocol):
     def save_cells(self, cells: list[int], out: HostBuffer) -> None:
         """Copy the state of ``cells`` (a sequence's cells in logical order) into ``out``, a buffer
         from ``host_buffer`` with room for ``len(cells) * bytes_per_cell()`` bytes. The cells are
-        freed right after: the copy must have landed when this returns."""
+        freed right after: the copy must have landed when this returns. Raise ``MemoryError``
+        when the state cannot be saved whole (a tensor-parallel rank could not save its share):
+        the cells are left as they are and the park recomputes."""
         ...
 
     def restore_cells(self, src: HostBuffer, cells: list[int]) -> None:
@@ -154,6 +157,9 @@ def build_runner(config: EngineConfig, given: Runner | RunnerFactory | None = No
     when it is a factory, else the factory ``config.model.runner`` names, else a built-in one
     (``auto``, ``lean``, ``torch``). Checked by :func:`check_runner`."""
     runner: object
+    custom = given is not None or config.model.runner not in BUILT_IN_RUNNERS
+    if custom and config.model.tensor_parallel > 1:
+        raise ValueError("--tensor-parallel shards the built-in torch model, not a custom runner")
     if given is not None and not isinstance(given, type) and isinstance(given, Runner):
         runner = given  # a runner may be callable too (a torch Module): its members decide
     elif given is not None:
@@ -179,6 +185,8 @@ def _built_in(config: EngineConfig) -> Runner:
     ``torch`` insist on theirs."""
     name = config.model.runner or "auto"
     why: str | None = None
+    if config.model.tensor_parallel > 1:
+        return _tensor_parallel(config)
     if name in ("auto", "lean"):
         from kvpark.runner.lean_runner import try_lean  # numpy and the Rust core: no torch
 
@@ -195,6 +203,19 @@ def _built_in(config: EngineConfig) -> Runner:
             raise
         raise ValueError(torch_missing(name, why)) from None
     return TorchRunner(config.model, config.pool)
+
+
+def _tensor_parallel(config: EngineConfig) -> Runner:
+    """``--tensor-parallel N``: the torch model's shards on N ranks (runner/tp_runner.py)."""
+    try:
+        from kvpark.runner.tp_runner import TpRunner  # torch
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("torch", "triton"):
+            raise
+        raise ValueError(
+            f"--tensor-parallel needs torch, which is not installed: {GPU_EXTRA}"
+        ) from None
+    return TpRunner(config)
 
 
 def torch_missing(runner: str, why_not_lean: str | None) -> str:

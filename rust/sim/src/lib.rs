@@ -39,14 +39,22 @@
 //! another prompt's pages. The planner's `resume_cells` stay the full count (a hit page costs
 //! room as a fresh one: cached pages count as free; see docs/preemption.md).
 //!
+//! Replicas ([`run_fleet`], `replicas.rs`): several such engines behind a router, on a
+//! multi-turn chat workload, each on its own clock with a step-time model fitted to kvpark's
+//! measured steps: prefix hit rate, parks and time to first token per routing policy
+//! (docs/scale-out.md; `cargo run --release -p kvpark-sim --example routing` prints the table).
+//!
 //! Files: this one holds the public types and [`run`]; `workload.rs` decodes a workload from the
-//! fuzzer's bytes; `engine/` is the simulation (`mod.rs` the state and the step,
+//! fuzzer's bytes; `replicas.rs` the fleet and its router; `engine/` is the simulation (`mod.rs` the state and the step,
 //! `rows.rs` admission, rows and the planner's view, `actions.rs` the plan's actions,
 //! `checks.rs` reservations, token progress and the invariants, `tokens.rs` token ids and the
 //! cell contents).
 
 mod engine;
+mod replicas;
 mod workload;
+
+pub use replicas::{run_fleet, Conversations, Fleet, FleetReport, Routing, StepCost};
 
 use std::fmt;
 

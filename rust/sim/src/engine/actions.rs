@@ -3,7 +3,7 @@
 use kvpark_core::planner::BUFFER_ALIGN;
 use kvpark_core::{Action, ParkMode};
 
-use super::{Phase, Sim};
+use super::{Event, Phase, Sim};
 use crate::{Outcome, Violation};
 
 impl Sim {
@@ -170,5 +170,6 @@ impl Sim {
         r.seqs.clear();
         r.slots.clear();
         r.phase = Phase::Done(outcome);
+        self.events.push(Event::Ended(i, outcome));
     }
 }

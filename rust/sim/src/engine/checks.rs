@@ -2,7 +2,7 @@
 
 use kvpark_core::{choose_victims, Action, ParkMode, Policy, RamView};
 
-use super::{tokens, violation, Phase, Seq, Sim};
+use super::{tokens, violation, Event, Phase, Seq, Sim};
 use crate::{Outcome, Violation};
 
 impl Sim {
@@ -154,6 +154,9 @@ impl Sim {
                         return violation(self.step, format!("register failed: {e}"));
                     }
                 }
+                let (from, rows) = (s.computed as u64, s.rows as u64);
+                self.work.rows += rows;
+                self.work.positions += rows * from + rows * rows.saturating_sub(1) / 2;
                 s.computed += s.rows;
                 if s.rows > 0 && s.computed == s.known {
                     let before = s.content.last().copied().unwrap_or(0);
@@ -167,6 +170,9 @@ impl Sim {
                 continue;
             }
             self.tokens += 1;
+            if self.reqs[i].seqs[0].generated == 1 && self.reqs[i].seqs.len() == 1 {
+                self.events.push(Event::FirstToken(i));
+            }
             let r = &mut self.reqs[i];
             r.tokens_since_resume = r.tokens_since_resume.saturating_add(1);
             if r.family() && r.seqs.len() == 1 {

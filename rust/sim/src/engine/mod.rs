@@ -1,10 +1,14 @@
 //! The simulation's state, its setup and its step loop; the steps' parts are in `rows.rs`,
-//! `actions.rs` and `checks.rs`.
+//! `actions.rs` and `checks.rs`; `live.rs` drives it a step at a time from outside (the
+//! replicas of `replicas.rs`).
 
 mod actions;
 mod checks;
+mod live;
 mod rows;
 mod tokens;
+
+pub(crate) use live::{Event, Work};
 
 use kvpark_core::{plan, KvPool, ParkMode, RamView, SeqId};
 
@@ -53,9 +57,29 @@ struct Req {
     parked_at_ms: Option<u64>,
     resumed_at_ms: Option<u64>,
     tokens_since_resume: u32,
+    /// Prompt tokens its admission took from cached pages.
+    admit_hit: usize,
 }
 
 impl Req {
+    /// A request that has not arrived yet; `arrival` (its rank in arrival order) and `id` are
+    /// set by whoever adds it.
+    fn waiting(spec: SimRequest) -> Self {
+        Req {
+            spec,
+            id: 0,
+            arrival: 0,
+            phase: Phase::Waiting,
+            seqs: Vec::new(),
+            slots: Vec::new(),
+            parks: 0,
+            parked_at_ms: None,
+            resumed_at_ms: None,
+            tokens_since_resume: 0,
+            admit_hit: 0,
+        }
+    }
+
     fn family(&self) -> bool {
         self.spec.n > 1
     }
@@ -101,6 +125,27 @@ pub(crate) struct Sim {
     last_progress: u64,
     head_bound: u64,
     stall_bound: u64,
+    /// The clock when the caller sets it (`live.rs`); else `step * ms_per_step`.
+    clock_ms: Option<u64>,
+    /// What the steps did, for a caller that drives them (`live.rs`).
+    events: Vec<Event>,
+    work: Work,
+}
+
+/// The oracle's bounds for `requests`: steps the parked head may wait, and steps without
+/// progress.
+fn bounds(cfg: &SimConfig, requests: &[SimRequest]) -> (u64, u64) {
+    let ms = cfg.ms_per_step.max(1);
+    let p = &cfg.planner;
+    let cells = |r: &SimRequest| (r.prompt_len + r.output_len * r.n) as u64;
+    let longest = requests.iter().map(cells).max().unwrap_or(0);
+    let total: u64 = requests.iter().map(cells).sum();
+    let head_bound = p.rotate_after_ms.div_ceil(ms)
+        + p.rotate_min_ms.div_ceil(ms)
+        + u64::from(p.rotate_min_tokens)
+        + 2 * longest
+        + 16;
+    (head_bound, head_bound + total + 16)
 }
 
 fn violation<T>(step: u64, what: String) -> Result<T, Violation> {
@@ -126,18 +171,7 @@ impl Sim {
         let mut reqs: Vec<Req> = w
             .requests
             .iter()
-            .map(|spec| Req {
-                spec: spec.clone(),
-                id: 0,
-                arrival: 0,
-                phase: Phase::Waiting,
-                seqs: Vec::new(),
-                slots: Vec::new(),
-                parks: 0,
-                parked_at_ms: None,
-                resumed_at_ms: None,
-                tokens_since_resume: 0,
-            })
+            .map(|spec| Req::waiting(spec.clone()))
             .collect();
         for (rank, &i) in order.iter().enumerate() {
             reqs[i].arrival = rank as u64;
@@ -145,24 +179,7 @@ impl Sim {
             // the arrival.
             reqs[i].id = 1_000_000 - rank as u64;
         }
-        let ms = cfg.ms_per_step.max(1);
-        let p = &cfg.planner;
-        let longest = w
-            .requests
-            .iter()
-            .map(|r| r.prompt_len + r.output_len * r.n)
-            .max()
-            .unwrap_or(0) as u64;
-        let total: u64 = w
-            .requests
-            .iter()
-            .map(|r| (r.prompt_len + r.output_len * r.n) as u64)
-            .sum();
-        let head_bound = p.rotate_after_ms.div_ceil(ms)
-            + p.rotate_min_ms.div_ceil(ms)
-            + u64::from(p.rotate_min_tokens)
-            + 2 * longest
-            + 16;
+        let (head_bound, stall_bound) = bounds(&cfg, &w.requests);
         Ok(Self {
             slot_owner: vec![None; cfg.parallel],
             buffers: vec![0; cfg.parallel],
@@ -178,7 +195,10 @@ impl Sim {
             tokens: 0,
             last_progress: 0,
             head_bound,
-            stall_bound: head_bound + total + 16,
+            stall_bound,
+            clock_ms: None,
+            events: Vec::new(),
+            work: Work::default(),
             cfg,
         })
     }
@@ -188,7 +208,7 @@ impl Sim {
     }
 
     fn now_ms(&self) -> u64 {
-        self.step * self.cfg.ms_per_step
+        self.clock_ms.unwrap_or(self.step * self.cfg.ms_per_step)
     }
 
     pub(crate) fn run(mut self) -> Result<Report, Violation> {

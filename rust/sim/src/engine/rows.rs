@@ -57,6 +57,7 @@ impl Sim {
                 self.wrong_hits += 1; // a violation at the end of the step
             }
             let req = &mut self.reqs[i];
+            req.admit_hit = seq.computed;
             req.seqs.push(seq);
             req.phase = Phase::Running;
         }
