@@ -253,9 +253,22 @@ pub fn matmul_i8(
                     }
                 }
             }
-            Weights::Iq4(w) => crate::iq4::expanded_columns(w, a.rows, cols, &out, &|w, c, y| {
-                columns(kernel, &a, w, c, y)
-            }),
+            Weights::Iq4(iq4) => {
+                let mut c = cols.start;
+                #[cfg(target_arch = "x86_64")]
+                if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
+                    while c + wide::COLUMNS <= cols.end {
+                        // SAFETY: the kernel runs here (matmul_i8 checked), the group lies
+                        // inside the matrix and `a` was quantised for `w`.
+                        unsafe { wide::group(&a, w, c, &out) };
+                        c += wide::COLUMNS;
+                    }
+                }
+                // the rest on q8 blocks expanded a few columns at a time
+                crate::iq4::expanded_columns(iq4, a.rows, c..cols.end, &out, &|w, c, y| {
+                    columns(kernel, &a, w, c, y)
+                })
+            }
             _ => columns(kernel, &a, w, cols, &out),
         }
     });

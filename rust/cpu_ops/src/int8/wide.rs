@@ -27,8 +27,9 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::{Activations, LANES};
+use crate::iq4::IQ4_TABLE;
 use crate::threads::Output;
-use crate::weights::{Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK};
+use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK};
 
 /// Columns per group: the sixteen i32 (or f32) lanes of a 512-bit vector.
 pub(super) const COLUMNS: usize = 16;
@@ -107,7 +108,10 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 transpose_q6(w, c0, blocks, g);
                 Kind::Q6
             }
-            Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
+            Weights::Iq4(w) => {
+                transpose_iq4(w, c0, blocks, g);
+                Kind::Q8 { offset: false }
+            }
             Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
         };
         let n = w.n();
@@ -266,6 +270,33 @@ unsafe fn transpose_q4(w: Q4Weights<'_>, c0: usize, blocks: usize, g: &mut [Bloc
         }
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
         blk.offset = gather(w.offset.as_ptr(), c0, blocks, 1, b, 0);
+    }
+}
+
+/// IQ4: Q4's nibbles, each looked up in the table (`vpshufb`) into its int8 weight and then
+/// flipped as Q8's are: the q8 blocks the table gives, so the q8 kind's sums and correction.
+#[inline(always)]
+unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Block16]) {
+    let qs = w.qs.as_ptr();
+    let group = qs.add(c0 * blocks * 16);
+    let mask = _mm512_set1_epi8(0x0f);
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_TABLE.as_ptr().cast()));
+    let weights = |nibbles: __m512i| _mm512_xor_si512(_mm512_shuffle_epi8(table, nibbles), flip);
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        prefetch_next(group, COLUMNS * blocks * 16, b, blocks);
+        let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
+        let v: [__m512i; 4] = std::array::from_fn(|i| {
+            let v = _mm512_castsi128_si512(col(i));
+            let v = _mm512_inserti32x4::<1>(v, col(i + 4));
+            let v = _mm512_inserti32x4::<2>(v, col(i + 8));
+            _mm512_inserti32x4::<3>(v, col(i + 12))
+        });
+        for (i, t) in transpose4(v).iter().enumerate() {
+            blk.quads[i] = weights(_mm512_and_si512(*t, mask));
+            blk.quads[4 + i] = weights(_mm512_and_si512(_mm512_srli_epi16::<4>(*t), mask));
+        }
+        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
     }
 }
 
