@@ -153,3 +153,30 @@ def test_without_window_release_every_page_stays(
     ids = engine.tokenizer.encode(LONG, add_special_tokens=False)
     with pytest.raises(kvpark.RequestRejected, match="maximum context length"):
         engine.check_request(ids, GREEDY)
+
+
+def test_choices_of_one_prompt_share_its_pages_and_slide_apart(
+    mistral: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``n = 3`` sampled choices fork after the prompt (sharing its pages, released ones
+    included) and each gives back its own pages behind the window: their tokens are those of a
+    pool that keeps every page."""
+    params = SamplingParams(temperature=0.8, seed=5, n=3, max_tokens=30, ignore_eos=True)
+
+    def choices(engine: LLMEngine) -> dict[int, list[int]]:
+        ids = encode(engine, LONG)
+        engine.check_request(ids, params)
+        engine.add_request("r", ids, params)
+        got: dict[int, list[int]] = {}
+        while engine.has_work:
+            for events in engine.step().values():
+                for ev in events:
+                    if isinstance(ev, TokenEvent):
+                        got.setdefault(ev.index, []).extend(ev.token_ids)
+        assert engine.scheduler.pool.cells_used() == 0
+        engine.scheduler.pool.check_integrity()
+        return got
+
+    slid = choices(make(mistral, "lean", monkeypatch, kv_cells=64))  # a family cannot park
+    assert sorted(slid) == [0, 1, 2] and all(len(t) == 30 for t in slid.values())
+    assert slid == choices(make(mistral, "lean", monkeypatch, kv_cells=512, window_release=False))
