@@ -21,6 +21,7 @@ from kvpark.engine.outputs import TokenEvent, TokenLogprob
 from kvpark.model.gguf_file import GgufFile
 from kvpark.model.sources import default_model_path
 from kvpark.tokenizer.tokenizer import Tokenizer
+from support import tiny_tp
 from support.tiny_arch import WINDOW, save_arch
 
 PAGE = 4
@@ -180,3 +181,21 @@ def test_choices_of_one_prompt_share_its_pages_and_slide_apart(
     slid = choices(make(mistral, "lean", monkeypatch, kv_cells=64))  # a family cannot park
     assert sorted(slid) == [0, 1, 2] and all(len(t) == 30 for t in slid.values())
     assert slid == choices(make(mistral, "lean", monkeypatch, kv_cells=512, window_release=False))
+
+
+def test_tensor_parallel_ranks_give_back_their_share_of_the_pages(mistral: Path) -> None:
+    """``--tensor-parallel 2`` (rank 1 a spawned gloo worker, each rank its share of every cell):
+    the long request on a pool half its length, bitwise the same TP size keeping every page."""
+    torch.set_num_threads(1)
+
+    def tokens(**pool: object) -> list[TokenLogprob]:
+        engine = LLMEngine(tiny_tp.config(str(mistral), 2, **pool))  # type: ignore[arg-type]
+        try:
+            assert engine.runner.kv_window == WINDOW  # type: ignore[attr-defined]
+            return run(engine, {"long": LONG})[0]["long"]
+        finally:
+            engine.close()
+
+    slid = tokens(kv_cells=64)
+    assert len(slid) == GREEDY.max_tokens
+    assert slid == tokens(kv_cells=256, window_release=False)

@@ -105,6 +105,11 @@ class TpRunner:
         return self.shard.arch.max_position
 
     @property
+    def kv_window(self) -> int | None:
+        """The window every layer attends over: each rank's share of the pages behind it goes."""
+        return self.shard.arch.pool_window
+
+    @property
     def row_invariant(self) -> bool:
         return self.shard.ops.row_invariant
 
