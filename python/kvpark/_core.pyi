@@ -560,6 +560,7 @@ class _CpuDecoder:
         kv_dtype: str,
         dot: str,
         features: _DecoderFeatures,
+        window_kv_values: int = 0,
     ) -> _CpuDecoder: ...
     def step(
         self,
@@ -571,9 +572,12 @@ class _CpuDecoder:
         page_size: int,
         logit_rows: list[int],
         logits: int,
+        window_slots: list[int] = ...,
+        window_tables: list[list[int]] = ...,
     ) -> None:
         """Runs one step and writes the logits of ``logit_rows`` into the f32 buffer at
-        ``logits`` ([len(logit_rows), vocab])."""
+        ``logits`` ([len(logit_rows), vocab]); ``window_slots`` and ``window_tables``: the
+        sliding layers' cells in a window space of their own (empty: they share the cells)."""
     def hidden(
         self,
         tokens: list[int],
@@ -584,6 +588,8 @@ class _CpuDecoder:
         page_size: int,
         rows: list[int],
         out: int,
+        window_slots: list[int] = ...,
+        window_tables: list[list[int]] = ...,
     ) -> None:
         """As ``step`` (the same K/V writes), but writes the hidden states of ``rows`` after
         the model's final norm, the head's input, into the f32 buffer at ``out``

@@ -38,6 +38,9 @@ pub(super) struct PyCpuDecoder {
     rope_values: usize,
     layers: Vec<LayerSpec>,
     kv_values: usize,
+    /// values in a sliding layer's K (and V) pool where the sliding layers keep their own
+    /// cell space (the window's), else `kv_values`
+    window_kv_values: usize,
     kv_dtype: KvDtype,
     dot: Dot,
     workspace: Mutex<Workspace>,
@@ -49,8 +52,11 @@ impl PyCpuDecoder {
     /// each layer's K (and V) pool; `kv_dtype`: "float32", "bfloat16" or "float16"; `rope_values`: values
     /// in each cos and sin table of `ropes` ((cos, sin) addresses, [positions, head_dim / 2]
     /// each); `dot`: "int8" or "float32" (kvpark_cpu_ops::decoder::Dot); `features`: the
-    /// architecture's switches ([`Features`]: act 's' silu or 'g' gelu_tanh).
+    /// architecture's switches ([`Features`]: act 's' silu or 'g' gelu_tanh);
+    /// `window_kv_values`: values in each sliding layer's K (and V) pool when the sliding
+    /// layers keep a cell space of their own (0: `kv_values`, they share the cells).
     #[new]
+    #[pyo3(signature = (shape, eps, embed, norm, head, ropes, rope_values, layers, kv_values, kv_dtype, dot, features, window_kv_values = 0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         shape: (usize, usize, usize, usize, usize, usize),
@@ -65,6 +71,7 @@ impl PyCpuDecoder {
         kv_dtype: &str,
         dot: &str,
         features: Features,
+        window_kv_values: usize,
     ) -> PyResult<Self> {
         let (hidden, heads, kv_heads, head_dim, intermediate, vocab) = shape;
         let cap = |c: f32| (c > 0.0).then_some(c);
@@ -171,6 +178,11 @@ impl PyCpuDecoder {
             rope_values,
             layers,
             kv_values,
+            window_kv_values: if window_kv_values == 0 {
+                kv_values
+            } else {
+                window_kv_values
+            },
             kv_dtype,
             dot,
             workspace: Mutex::new(Workspace::default()),
@@ -178,7 +190,9 @@ impl PyCpuDecoder {
     }
 
     /// Runs one step (see kvpark_cpu_ops::decoder::Step) and writes the logits of `logit_rows`
-    /// into the f32 `[len(logit_rows), vocab]` buffer at `logits`.
+    /// into the f32 `[len(logit_rows), vocab]` buffer at `logits`; `window_slots` and
+    /// `window_tables`: the sliding layers' own cells (Step), empty where they share them.
+    #[pyo3(signature = (tokens, positions, slots, item_rows, page_tables, page_size, logit_rows, logits, window_slots = Vec::new(), window_tables = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
@@ -191,6 +205,8 @@ impl PyCpuDecoder {
         page_size: usize,
         logit_rows: Vec<i64>,
         logits: usize,
+        window_slots: Vec<i64>,
+        window_tables: Vec<Vec<i64>>,
     ) -> PyResult<()> {
         let step = Step {
             tokens: &tokens,
@@ -198,6 +214,8 @@ impl PyCpuDecoder {
             slots: &slots,
             item_rows: &item_rows,
             page_tables: &page_tables,
+            window_slots: &window_slots,
+            window_tables: &window_tables,
             page_size,
             out_rows: &logit_rows,
         };
@@ -206,6 +224,7 @@ impl PyCpuDecoder {
 
     /// As `step`, but writes the hidden states of `rows` after the model's final norm (the
     /// head's input) into the f32 `[len(rows), hidden]` buffer at `out`.
+    #[pyo3(signature = (tokens, positions, slots, item_rows, page_tables, page_size, rows, out, window_slots = Vec::new(), window_tables = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn hidden(
         &self,
@@ -218,6 +237,8 @@ impl PyCpuDecoder {
         page_size: usize,
         rows: Vec<i64>,
         out: usize,
+        window_slots: Vec<i64>,
+        window_tables: Vec<Vec<i64>>,
     ) -> PyResult<()> {
         let step = Step {
             tokens: &tokens,
@@ -225,6 +246,8 @@ impl PyCpuDecoder {
             slots: &slots,
             item_rows: &item_rows,
             page_tables: &page_tables,
+            window_slots: &window_slots,
+            window_tables: &window_tables,
             page_size,
             out_rows: &rows,
         };
@@ -312,8 +335,7 @@ impl PyCpuDecoder {
                     })
                     .collect(),
             };
-            let n = self.kv_values;
-            let cells = |at: usize| -> KvCells<'_> {
+            let cells = |at: usize, n: usize| -> KvCells<'_> {
                 match self.kv_dtype {
                     KvDtype::F32 => KvCells::F32(std::slice::from_raw_parts_mut(at as *mut f32, n)),
                     KvDtype::Bf16 => {
@@ -325,7 +347,14 @@ impl PyCpuDecoder {
             let kv: Vec<_> = self
                 .layers
                 .iter()
-                .map(|l| (cells(l.k_cells), cells(l.v_cells)))
+                .map(|l| {
+                    let n = if l.sliding {
+                        self.window_kv_values
+                    } else {
+                        self.kv_values
+                    };
+                    (cells(l.k_cells, n), cells(l.v_cells, n))
+                })
                 .collect();
             let out =
                 std::slice::from_raw_parts_mut(out as *mut f32, step.out_rows.len() * per_row);

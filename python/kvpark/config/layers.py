@@ -72,7 +72,8 @@ class PoolConfig:
     # full pages stay cached after their last holder and a new prompt starts from the longest
     # cached prefix (--prefix-cache, docs/preemption.md)
     prefix_cache: bool = True
-    # a model whose every layer slides gives back each sequence's pages behind the window
+    # a model whose every layer slides gives back each sequence's pages behind the window, one
+    # mixing sliding and global layers keeps the sliding ones' in a window space
     # (--window-release, docs/models.md)
     window_release: bool = True
 

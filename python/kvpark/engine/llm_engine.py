@@ -30,6 +30,7 @@ from kvpark.sampling.sampler import NO_TOKEN, sample_rows
 from kvpark.sched.plan import StepPlan
 from kvpark.sched.request import Request
 from kvpark.sched.scheduler import CONTEXT_ERROR, Scheduler
+from kvpark.sched.window_space import window_space_cells
 
 
 def prefix_cache_salt(config: EngineConfig, model_name: str) -> int:
@@ -72,7 +73,8 @@ class LLMEngine:
         window = getattr(self.runner, "kv_window", None) if config.pool.window_release else None
         limit = config.scheduler.max_model_len or self.runner.max_model_len
         salt = prefix_cache_salt(config, self.model_name) if config.pool.prefix_cache else None
-        self.scheduler = Scheduler(config.pool, config.scheduler, limit, salt, window)
+        space = self._window_space(config)
+        self.scheduler = Scheduler(config.pool, config.scheduler, limit, salt, window, space)
         # behind a sliding window a sequence holds its window and a step, however long it grows
         fits = window is not None and self.scheduler.cells.window_cells(1) <= config.pool.kv_cells
         self.max_model_len = limit if fits else min(limit, config.pool.kv_cells)
@@ -95,6 +97,20 @@ class LLMEngine:
             self.preemption = Preemption(
                 config.scheduler, self.scheduler, parking, self.stats, self.observations, knobs
             )
+
+    def _window_space(self, config: EngineConfig) -> tuple[int, int] | None:
+        """(window, cells) of the sliding layers' own cell space, for a model mixing them with
+        global layers whose runner can keep them apart (``kv_window_split``), where it saves
+        cells (sched/window_space.py); the runner is told its size. None: they share the pool."""
+        split = getattr(self.runner, "kv_window_split", None)
+        if not (config.pool.window_release and split):
+            return None
+        s, p = config.scheduler, config.pool
+        cells = window_space_cells(split, p.page_size, s.parallel, s.max_batch_tokens, p.kv_cells)
+        if cells is None:
+            return None
+        self.runner.use_window_space(cells)  # type: ignore[attr-defined]
+        return split, cells
 
     # ----------------------------------------------------------------- admission
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:

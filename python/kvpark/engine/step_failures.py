@@ -99,6 +99,8 @@ def check_pool(engine: LLMEngine, after: str) -> None:
     """The pool's integrity check, logged; :class:`EngineBroken` when it fails."""
     try:
         engine.scheduler.pool.check_integrity()
+        if engine.scheduler.cells.space is not None:
+            engine.scheduler.cells.space.pool.check_integrity()
     except BaseException as e:
         raise EngineBroken(f"the KV pool's integrity check failed after {after}: {e}") from e
     log.info("the KV pool's integrity check passed after %s", after)

@@ -102,14 +102,19 @@ class Parking:
         self._buffers[slot] = None
         return freed
 
-    def swap_out(self, slot: int, cells: list[int], capacity: int) -> SwapState | None:
-        """Copy ``cells`` (a sequence's cells in logical order) into the slot's buffer.
+    def swap_out(
+        self, slot: int, cells: list[int], capacity: int, positions: int | None = None
+    ) -> SwapState | None:
+        """Copy ``cells`` (a sequence's cells in logical order) into the slot's buffer;
+        ``positions``: the positions they hold, where that is fewer (a window space's cells
+        follow the pool's, sched/window_space.py, no more of them than of the pool's: the
+        state then takes at most ``positions`` cells' bytes of every layer).
 
         Returns None when the host memory cannot be had, or the runner could not save the state
         (``save_cells`` raised ``MemoryError``: a tensor-parallel rank could not save its share);
         the caller then parks by recompute.
         """
-        need = self.state_bytes(len(cells))
+        need = self.state_bytes(len(cells) if positions is None else positions)
         if self.capacity(slot) < need:
             try:
                 if self._fail_save:

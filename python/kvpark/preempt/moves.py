@@ -81,8 +81,8 @@ class ParkMoves:
         n_cells = seq.num_computed - first
         req.park.copy_started = time.perf_counter()
         if mode == "swap":
-            cells = self.scheduler.pool.slot_mapping(seq.seq_id, first, n_cells)
-            if self.parking.swap_out(slot, cells, capacity) is None:
+            cells = self.scheduler.cells.park_cells(seq.seq_id, first, seq.num_computed)
+            if self.parking.swap_out(slot, cells, capacity, n_cells) is None:
                 mode = "recompute"  # the budget grants permission, not an allocation
             else:
                 req.park.buffer_slot = slot

@@ -173,7 +173,8 @@ def build_decoder(
     inputs: DecoderInputs,
 ) -> _core._CpuDecoder:
     """``ropes``: the arch's rope tables (rope_angles.rope_tables); ``pool_dtype``: the cells'
-    type (float32, bfloat16, float16); ``int8``: the block dot."""
+    type (float32, bfloat16, float16); ``int8``: the block dot. The sliding layers' K/V arrays
+    may be smaller than the global layers' (a window space of their own, numpy_pool.py)."""
     cell = layers[0].k_cells.dtype.type
     specs: list[_LayerSpec] = [
         {
@@ -203,6 +204,9 @@ def build_decoder(
         }
         for i, layer in enumerate(layers)
     ]
+    sizes = {arch.window_of(i) is not None: layer.k_cells.size for i, layer in enumerate(layers)}
+    kv_values = sizes.get(False, layers[0].k_cells.size)
+    window_kv_values = sizes.get(True, kv_values)
     a = arch
     shape = (a.hidden_size, a.n_heads, a.n_kv_heads, a.head_dim, a.intermediate_size)
     features: _DecoderFeatures = {
@@ -222,10 +226,11 @@ def build_decoder(
         [(inputs.addr(cos), inputs.addr(sin)) for cos, sin in ropes],
         ropes[0][0].size,
         specs,
-        layers[0].k_cells.size,
+        kv_values,
         pool_dtype,
         "int8" if int8 else "float32",
         features,
+        window_kv_values,
     )
 
 
@@ -246,6 +251,8 @@ def run_step(
         page_size,
         rows.sample_rows,
         int(logits.ctypes.data),
+        plan.window_slot_mapping or [],
+        plan.window_page_tables or [],
     )
 
 
@@ -266,4 +273,6 @@ def run_hidden(
         page_size,
         list(range(len(rows.tokens))),
         int(out.ctypes.data),
+        plan.window_slot_mapping or [],
+        plan.window_page_tables or [],
     )

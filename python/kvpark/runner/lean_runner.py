@@ -212,6 +212,26 @@ class LeanCpuRunner:
         return self.weights.arch.pool_window
 
     @property
+    def kv_window_split(self) -> int | None:
+        """The window of a model mixing sliding and global layers (Gemma 2 and 3): its sliding
+        layers can keep their K/V in a window space of their own (use_window_space)."""
+        arch = self.weights.arch
+        mixed = any(arch.sliding_layers) and not all(arch.sliding_layers)
+        return arch.sliding_window if mixed else None
+
+    def use_window_space(self, n_cells: int) -> None:
+        """Keep the sliding layers' K/V in ``n_cells`` cells of their own (the plan's window
+        slot mapping and page tables address them, sched/window_space.py); called by the engine
+        before the first step. The pool's arrays are calloc'd: the ones dropped here were never
+        touched."""
+        pool = self.pool
+        self.pool = NumpyKVPool(
+            self.weights.arch, pool.n_pages, self.page_size, pool.dtype, n_cells // self.page_size
+        )
+        int8 = self.cpu_paths.block_dot == "int8"
+        self.decoder, self._inputs = self._build_decoder(self.pool, int8)
+
+    @property
     def row_invariant(self) -> bool:
         """Every op of the decoder is row-invariant; claimed in exact mode, where it is asked
         for (``/props.exact`` reports this), as the torch runners do."""

@@ -16,7 +16,11 @@ pool's cells), which ``/v1/embeddings`` needs (engine/embeddings.py; without it 
 501); ``kv_window: int | None``, the sliding window every layer attends over (a row reads the
 last ``kv_window`` positions of its sequence only, itself included): the pool then gives back each
 sequence's pages behind it, and the plan's page tables hold ``-1`` for them (absent or None: every
-page is kept); and ``close()``, which the engine calls once at shutdown, after every request is
+page is kept); ``kv_window_split: int | None`` with ``use_window_space(n_cells)``, a model whose
+sliding layers (of that window) can keep their K/V in ``n_cells`` cells of their own beside global
+layers that keep every cell (the engine calls it before the first step; the plan's
+``window_slot_mapping`` and ``window_page_tables`` then address them, sched/window_space.py); and
+``close()``, which the engine calls once at shutdown, after every request is
 aborted (the tensor-parallel runner stops its other ranks there). The built-in
 runners are the CPU's one stack, ``kvpark.runner.lean_runner.LeanCpuRunner`` (the Rust decoder
 over numpy weights and pool, no torch), and ``kvpark.runner.torch_runner.TorchRunner`` (CUDA, and

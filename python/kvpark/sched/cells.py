@@ -7,13 +7,17 @@ sequence's pages wholly behind the window of its next row are released as soon a
 written the row after them: a sequence then holds at most its window plus the rows of one step,
 however long it grows (``window_cells``), and what the scheduler and the planner count is what it
 holds. Its released positions stay its own (its length, tokens and registered prefix are
-unchanged); their pages go back to the pool, cached if registered."""
+unchanged); their pages go back to the pool, cached if registered.
+
+A model mixing sliding and global layers keeps its sliding layers' cells in a window space
+(``space``, window_space.py): every sequence operation here is carried out in both."""
 
 from __future__ import annotations
 
 from kvpark._core import KvPool, PoolFullError
 from kvpark.sched.plan import StepItem, StepPlan
 from kvpark.sched.request import Request, Sequence
+from kvpark.sched.window_space import WindowSpace
 
 
 def step_item(seq: Sequence, rows: int) -> StepItem:
@@ -24,10 +28,64 @@ def step_item(seq: Sequence, rows: int) -> StepItem:
 
 
 class StepCells:
-    def __init__(self, pool: KvPool, page_size: int, window: int | None = None) -> None:
+    def __init__(
+        self,
+        pool: KvPool,
+        page_size: int,
+        window: int | None = None,
+        space: WindowSpace | None = None,
+    ) -> None:
         self.pool = pool
         self.page_size = page_size
         self.window = window
+        self.space = space
+
+    def add_sequence(self, seq_id: int, salt: int) -> None:
+        self.pool.add_sequence(seq_id, salt)
+        if self.space is not None:
+            self.space.add(seq_id, salt)
+
+    def free_sequence(self, seq_id: int) -> None:
+        if self.pool.has_sequence(seq_id):
+            self.pool.free_sequence(seq_id)
+        if self.space is not None:
+            self.space.drop(seq_id)
+
+    def prefix_hit(self, tokens: list[int], reusable: int, salt: int) -> int:
+        """The longest cached prefix of at most ``reusable`` tokens a new sequence can start
+        after (in the window space too, where there is one)."""
+        hit, _ = self.pool.cached_prefix(tokens, reusable, salt)
+        return hit if self.space is None else self.space.joint_hit(tokens, hit, salt)
+
+    def match_prefix(self, seq_id: int, tokens: list[int], reusable: int, salt: int) -> int:
+        """Take the cached prefix :meth:`prefix_hit` finds; returns its length."""
+        if self.space is None:
+            return self.pool.match_prefix(seq_id, tokens, reusable)
+        hit = self.prefix_hit(tokens, reusable, salt)
+        self.space.match(seq_id, tokens, hit)
+        return self.pool.match_prefix(seq_id, tokens, hit)
+
+    def fork(self, parent: int, child: int) -> list[tuple[int, int]]:
+        """The child shares the parent's pages; the page copies its partly used last ones need
+        (the window space's offset, plan.py)."""
+        copies = self.pool.fork(parent, child)
+        return copies if self.space is None else copies + self.space.fork(parent, child)
+
+    def register_step(self, seq_ids: list[int], tokens: list[list[int]]) -> None:
+        self.pool.register_step(seq_ids, tokens)
+        if self.space is not None:
+            self.space.register_step(seq_ids, tokens)
+
+    def register_tokens(self, seq_id: int, tokens: list[int]) -> None:
+        self.pool.register_tokens(seq_id, tokens)
+        if self.space is not None:
+            self.space.register_tokens(seq_id, tokens)
+
+    def park_cells(self, seq_id: int, first: int, end: int) -> list[int]:
+        """What a swap park saves: the cells of positions ``first .. end`` in the pool, then
+        the window space's it holds (offset)."""
+        cells = self.pool.slot_mapping(seq_id, first, end - first)
+        return cells if self.space is None else cells + self.space.cells(seq_id, end)
 
     def slide(self, seq_id: int) -> None:
         """Give back the pages of ``seq_id`` wholly behind its next row's window: that row, at
@@ -35,6 +93,8 @@ class StepCells:
         further back."""
         if self.window is not None:
             self.pool.release_before(seq_id, max(0, self.pool.seq_len(seq_id) - self.window + 1))
+        if self.space is not None:
+            self.space.slide(seq_id)
 
     def held(self, seq_id: int) -> int:
         """Cells ``seq_id`` holds: its positions less those behind the window it gave back (0
@@ -68,7 +128,8 @@ class StepCells:
             self.pool.reserve(seq.seq_id, seq.num_computed + rows)
         except PoolFullError:
             return False
-        return True
+        # sized never to run short (window_space.py); were it to, the rows wait as for the pool
+        return self.space is None or self.space.reserve(seq.seq_id, seq.num_computed + rows)
 
     def fit_rows(self, seq: Sequence, rows: int) -> int:
         """Reserve cells for up to ``rows`` rows of ``seq``; returns how many rows got cells."""
@@ -120,7 +181,13 @@ class StepCells:
         that run before them."""
         if not items:
             return StepPlan([], [], [], copies)
-        slot_mapping, tables = self.pool.export_step(
-            [i.seq_id for i in items], [i.start for i in items], [len(i.token_ids) for i in items]
+        ids, starts, rows = (
+            [i.seq_id for i in items],
+            [i.start for i in items],
+            [len(i.token_ids) for i in items],
         )
-        return StepPlan(items, slot_mapping, tables, copies)
+        slot_mapping, tables = self.pool.export_step(ids, starts, rows)
+        if self.space is None:
+            return StepPlan(items, slot_mapping, tables, copies)
+        window_slots, window_tables = self.space.pool.export_step(ids, starts, rows)
+        return StepPlan(items, slot_mapping, tables, copies, window_slots, window_tables)

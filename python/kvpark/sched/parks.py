@@ -34,7 +34,9 @@ class Parks:
         assert req in group and len(req.sequences) == 1, "only a lone sequence parks"
         seq = req.sequences[0]
         req.park.released = self.pool.released_cells(seq.seq_id) if mode == "swap" else 0
-        self.pool.free_sequence(seq.seq_id)
+        space = self.cells.space
+        req.park.window_released = space.released(seq.seq_id) if space and mode == "swap" else 0
+        self.cells.free_sequence(seq.seq_id)
         if mode == "recompute":
             req.park.dropped = seq.num_computed
             seq.num_computed = 0  # every known token is replayed as a prompt row
@@ -48,15 +50,23 @@ class Parks:
         ``take_cached``: the runner can restore a state from a later cell).
 
         Raises PoolFullError (state unchanged) when its cells do not fit."""
-        seq = req.sequences[0]
-        self.pool.add_sequence(seq.seq_id, req.params.cache_salt)
+        seq, space, salt = req.sequences[0], self.cells.space, req.params.cache_salt
+        window_cells: list[int] = []  # a swap's cells in the window space (window_space.py)
+        if space is not None and req.park.mode == "swap":
+            n, first = seq.num_computed, req.park.window_released
+            window_cells = space.restore(seq.seq_id, salt, first, n)
+        elif space is not None:
+            space.add(seq.seq_id, salt)
+        self.pool.add_sequence(seq.seq_id, salt)
         hit, first = 0, req.park.released  # a swap saved its cells from `first` on
-        if req.park.mode == "swap" and take_cached and not first:
+        if req.park.mode == "swap" and take_cached and not first and space is None:
             n = seq.num_computed
             hit = self.pool.match_prefix(seq.seq_id, seq.tokens[:n], n)
         if req.park.mode == "recompute":
             # the replay starts after whatever prefix of its tokens is still cached
-            seq.num_computed = self.pool.match_prefix(seq.seq_id, seq.tokens, len(seq.tokens) - 1)
+            seq.num_computed = self.cells.match_prefix(
+                seq.seq_id, seq.tokens, len(seq.tokens) - 1, salt
+            )
             req.park.dropped = max(0, req.park.dropped - seq.num_computed)
             self.cells.slide(seq.seq_id)
         elif first:
@@ -64,14 +74,15 @@ class Parks:
         try:
             self.pool.reserve(seq.seq_id, seq.num_computed)
         except PoolFullError:
-            self.pool.free_sequence(seq.seq_id)
+            self.cells.free_sequence(seq.seq_id)
             if req.park.mode == "recompute":
                 req.park.dropped += seq.num_computed
                 seq.num_computed = 0
             raise
         self.land(req)
         first = self.pool.released_cells(seq.seq_id)  # a replay may start behind its window too
-        return self.pool.slot_mapping(seq.seq_id, first, seq.num_computed - first), hit
+        cells = self.pool.slot_mapping(seq.seq_id, first, seq.num_computed - first)
+        return cells + window_cells, hit  # a saved state's order: the pool's cells, then these
 
     def hold(self, req: Request, state: RequestState) -> None:
         """Take a running request out of the steps while a copy of its cells is in flight
@@ -92,4 +103,4 @@ class Parks:
         pages may be found again. A recompute's cached prefix is registered already."""
         seq = req.sequences[0]
         done = self.pool.registered_len(seq.seq_id)
-        self.pool.register_tokens(seq.seq_id, seq.tokens[done : seq.num_computed])
+        self.cells.register_tokens(seq.seq_id, seq.tokens[done : seq.num_computed])

@@ -70,6 +70,7 @@ class ParkRecord:
     replaying: bool = False
     dropped: int = 0  # cells a recompute park dropped: replayed on resume
     released: int = 0  # a swap park's first cells, behind the sliding window: never saved
+    window_released: int = 0  # the same in the window space (sched/window_space.py)
     buffer_slot: int | None = None  # the slot whose host buffer a swap park used
     copy_started: float = 0.0  # perf_counter() when the current copy out or back was issued
 

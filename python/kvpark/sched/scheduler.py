@@ -22,6 +22,7 @@ from kvpark.sched.parks import Parks
 from kvpark.sched.plan import StepItem, StepPlan
 from kvpark.sched.request import Request, RequestState, Sequence
 from kvpark.sched.wait_queue import WaitQueue
+from kvpark.sched.window_space import WindowSpace
 
 CONTEXT_ERROR = "Context size has been exceeded."
 
@@ -58,11 +59,14 @@ class Scheduler(Parks):
         max_model_len: int,
         prefix_cache_salt: int | None = None,
         window: int | None = None,
+        window_space: tuple[int, int] | None = None,
     ) -> None:
         """``prefix_cache_salt``: turn the pool's prefix cache on under this salt (it stands for
         everything besides the tokens that changes a cell's K and V: the model, its arithmetic,
         exact mode); None: off. ``window``: every layer of the model attends over its last
-        ``window`` positions only, so the pages behind it leave the pool (cells.py)."""
+        ``window`` positions only, so the pages behind it leave the pool (cells.py).
+        ``window_space``: (window, cells) of the sliding layers' own cell space, for a model
+        that mixes them with global layers (window_space.py)."""
         self.config = config
         self.max_model_len = max_model_len
         self.pool = KvPool(
@@ -73,7 +77,11 @@ class Scheduler(Parks):
         )
         self.cache = PrefixCacheCounts()
         self.page_size = pool_config.page_size
-        self.cells = StepCells(self.pool, self.page_size, window)
+        space = None
+        if window_space is not None:
+            w, n = window_space
+            space = WindowSpace(n, self.page_size, w, pool_config.kv_cells, prefix_cache_salt)
+        self.cells = StepCells(self.pool, self.page_size, window, space)
         self.waiting = WaitQueue()
         self.running: list[Request] = []  # hold cells, in arrival order
         self.parked: list[Request] = []  # hold a slot but no cells
@@ -119,8 +127,7 @@ class Scheduler(Parks):
         self._drop_sequence(seq)
 
     def _drop_sequence(self, seq: Sequence) -> None:
-        if self.pool.has_sequence(seq.seq_id):
-            self.pool.free_sequence(seq.seq_id)
+        self.cells.free_sequence(seq.seq_id)
         slot = self.slot_of.pop(seq.seq_id, None)
         if slot is not None:
             self._free_slots.append(slot)
@@ -220,7 +227,9 @@ class Scheduler(Parks):
             # the last prompt token is always computed: its row gives the first draw
             prompt, reusable = req.prompt_ids, len(req.prompt_ids) - 1
             salt = req.params.cache_salt
-            hit, _ = self.pool.cached_prefix(prompt, reusable, salt)
+            hit = self.cells.prefix_hit(prompt, reusable, salt)
+            if self.cells.space is not None:
+                reusable = hit  # the window space's cached pages may end sooner than the pool's
             rows = min(len(prompt) - hit, budget, self.cells.window_rows() or budget)
             need = self.pool.cells_to_admit(prompt, reusable, hit + rows, salt)
             if self.cells.window is not None:  # its hit's pages behind the window go back
@@ -235,8 +244,8 @@ class Scheduler(Parks):
                 return
             self.waiting.pop_head()
             seq = self._new_sequence(req, index=0, tokens=list(prompt))
-            seq.num_computed = req.cached_tokens = self.pool.match_prefix(
-                seq.seq_id, prompt, reusable
+            seq.num_computed = req.cached_tokens = self.cells.match_prefix(
+                seq.seq_id, prompt, reusable, salt
             )
             self.cells.slide(seq.seq_id)
             self.cache.queries += len(prompt)
@@ -253,7 +262,7 @@ class Scheduler(Parks):
         found by later prompts (a no-op with the prefix cache off); then the pages behind a
         sliding window leave (registered first, so they are cached rather than lost)."""
         if self.pool.prefix_cache_salt is not None and plan.items:
-            self.pool.register_step(
+            self.cells.register_step(
                 [i.seq_id for i in plan.items], [i.token_ids for i in plan.items]
             )
         for item in plan.items:
@@ -267,7 +276,7 @@ class Scheduler(Parks):
     def _new_sequence(self, req: Request, index: int, tokens: list[int]) -> Sequence:
         seq = Sequence(self._next_seq_id, index, len(req.prompt_ids), tokens)
         self._next_seq_id += 1
-        self.pool.add_sequence(seq.seq_id, req.params.cache_salt)
+        self.cells.add_sequence(seq.seq_id, req.params.cache_salt)
         self.slot_of[seq.seq_id] = self._free_slots.pop()
         self.by_seq[seq.seq_id] = (req, seq)
         return seq
@@ -283,7 +292,7 @@ class Scheduler(Parks):
         for j, token in enumerate(first_tokens[1:], start=1):
             child = Sequence(self._next_seq_id, j, parent.prompt_len, [*parent.tokens, token])
             self._next_seq_id += 1
-            self._pending_copies += self.pool.fork(parent.seq_id, child.seq_id)
+            self._pending_copies += self.cells.fork(parent.seq_id, child.seq_id)
             child.num_computed = parent.num_computed
             self.slot_of[child.seq_id] = self._free_slots.pop()
             self.by_seq[child.seq_id] = (req, child)

@@ -122,7 +122,8 @@ pub(super) fn run(
         )));
     }
     let n_cells = (k_cells.len() / nkv) as i64;
-    if let Some(c) = step.slots.iter().find(|&&c| c < 0 || c >= n_cells) {
+    let slots = step.slots_of(layer.sliding);
+    if let Some(c) = slots.iter().find(|&&c| c < 0 || c >= n_cells) {
         return Err(ShapeError(format!(
             "slot {c} is outside the pool of {n_cells} cells"
         )));
@@ -157,7 +158,7 @@ pub(super) fn run(
         heads_in_place(qr, layer.q_norm, s, cos, sin, &mut tmp[..nq])?;
         heads_in_place(kr, layer.k_norm, s, cos, sin, &mut tmp[..nkv])?;
         q[r * nq..(r + 1) * nq].copy_from_slice(qr);
-        let cell = step.slots[r] as usize;
+        let cell = slots[r] as usize;
         k_cells.store(cell, kr);
         v_cells.store(cell, vr);
     }

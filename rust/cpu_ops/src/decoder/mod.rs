@@ -149,6 +149,12 @@ pub struct Step<'a> {
     pub item_rows: &'a [usize],
     /// each item's pages; cell `c` of a sequence is `table[c / page_size] * page_size + c % ps`.
     pub page_tables: &'a [Vec<i64>],
+    /// The sliding layers' own cell space, where they keep theirs apart from the global
+    /// layers' (a model mixing the two, as Gemma's): each row's cell and each item's pages
+    /// there (pages behind the window `-1`). Both empty: the sliding layers share `slots` and
+    /// `page_tables`.
+    pub window_slots: &'a [i64],
+    pub window_tables: &'a [Vec<i64>],
     pub page_size: usize,
     /// rows whose output ([`Out`]) is computed, in the order of the output.
     pub out_rows: &'a [i64],
@@ -242,12 +248,41 @@ impl Step<'_> {
         if self.page_size == 0 {
             return Err(bad("page size 0".into()));
         }
+        if !(self.window_slots.is_empty() && self.window_tables.is_empty())
+            && (self.window_slots.len() != t || self.window_tables.len() != self.item_rows.len())
+        {
+            return Err(bad(format!(
+                "{} window slots and {} window page tables for {t} rows",
+                self.window_slots.len(),
+                self.window_tables.len()
+            )));
+        }
         Ok(t)
     }
 
+    /// Whether the sliding layers keep their cells in a space of their own.
+    pub(crate) fn split(&self) -> bool {
+        !self.window_slots.is_empty()
+    }
+
+    /// The cells a layer writes each row's K and V at: the window space's for a sliding layer
+    /// of a split step.
+    pub(crate) fn slots_of(&self, sliding: bool) -> &[i64] {
+        if sliding && self.split() {
+            self.window_slots
+        } else {
+            self.slots
+        }
+    }
+
     /// Every row as an attention entry of its own: its sequence's cells up to its position, the
-    /// last `window` of them where `window` is not 0.
-    fn entries(&self, window: usize, e: &mut Entries) -> Result<(), ShapeError> {
+    /// last `window` of them where `window` is not 0 (read through `tables`).
+    fn entries(
+        &self,
+        window: usize,
+        tables: &[Vec<i64>],
+        e: &mut Entries,
+    ) -> Result<(), ShapeError> {
         let ps = self.page_size;
         let first = |p: usize| {
             if window == 0 {
@@ -267,7 +302,7 @@ impl Step<'_> {
         e.context.clear();
         e.rows.clear();
         let mut row = 0;
-        for (n, table) in self.item_rows.iter().zip(self.page_tables) {
+        for (n, table) in self.item_rows.iter().zip(tables) {
             for r in row..row + n {
                 let end = self.positions[r] as usize + 1;
                 if end.div_ceil(ps) > table.len() {
@@ -357,10 +392,15 @@ pub fn forward(
     // a model whose every layer slides never reads its whole context: the pages behind the
     // window may have left the pool (their page table entries are then -1)
     if model.layers.iter().any(|l| !l.sliding) {
-        step.entries(0, &mut ws.full)?;
+        step.entries(0, step.page_tables, &mut ws.full)?;
     }
     if model.layers.iter().any(|l| l.sliding) {
-        step.entries(s.window, &mut ws.windowed)?;
+        let tables = if step.split() {
+            step.window_tables
+        } else {
+            step.page_tables
+        };
+        step.entries(s.window, tables, &mut ws.windowed)?;
     }
     let mut x = std::mem::take(&mut ws.x);
     let xs = sized(&mut x, t * s.hidden);
