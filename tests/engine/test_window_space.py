@@ -3,24 +3,29 @@ docs/models.md "Pages"): on tiny Gemma 2 and Gemma 3 models (tests/support/tiny_
 other layer attends over its last 8 positions, the others over the whole context) a long request
 runs with the sliding layers' arrays a fraction of the global layers', holding at most its window
 and one step's rows there, with tokens and logprobs bitwise those of a pool where every layer
-keeps every cell (exact mode); forced swap and recompute parks, a warm prefix cache and ``n = 3``
-choices change no bit, and every cell of both spaces comes back.
+keeps every cell (exact mode), on the lean runner and the torch runner; forced swap and
+recompute parks, a warm prefix cache and ``n = 3`` choices change no bit, and every cell of both
+spaces comes back.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 import kvpark
 from kvpark import SamplingParams
+from kvpark.config.layers import SchedulerConfig
 from kvpark.engine.llm_engine import LLMEngine
 from kvpark.engine.outputs import TokenEvent, TokenLogprob
 from kvpark.model.gguf_file import GgufFile
 from kvpark.model.sources import default_model_path
 from kvpark.sched.window_space import window_space_cells
 from kvpark.tokenizer.tokenizer import Tokenizer
+from support import tiny_tp
 from support.tiny_arch import WINDOW, save_arch
 
 PAGE = 4
@@ -30,6 +35,7 @@ LONG = "Rivers of Europe: the Danube, the Rhine, the Elbe, the Loire and the Po.
 OTHERS = ["Write a limerick about a cat.", "Explain recursion in two lines."]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2)
 Run = tuple[dict[str, list[TokenLogprob]], int]
+RUNNERS = ["lean", "torch"]
 
 
 @pytest.fixture(scope="module", params=["gemma2", "gemma3"])
@@ -41,13 +47,18 @@ def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def make(
-    root: Path, monkeypatch: pytest.MonkeyPatch, every: int = 0, **options: object
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    every: int = 0,
+    runner: str = "lean",
+    **options: object,
 ) -> LLMEngine:
+    torch.set_num_threads(1)
     monkeypatch.setenv("KVPARK_PREEMPT_EVERY", str(every))
     monkeypatch.setenv("KVPARK_PREEMPT_FAIL_SAVE", "0")
     llm = kvpark.LLM(
         model=str(root),
-        runner="lean",
+        runner=runner,
         exact=True,
         page_size=PAGE,
         threads=1,
@@ -83,45 +94,55 @@ def run(engine: LLMEngine, texts: dict[str, str | list[int]]) -> Run:
 
 
 @pytest.fixture(scope="module")
-def kept(gemma: Path) -> Run:
-    """The long request alone, every layer keeping every cell."""
+def kept(gemma: Path) -> dict[str, Run]:
+    """Per runner: the long request alone, every layer keeping every cell."""
     mp = pytest.MonkeyPatch()
     try:
-        return run(make(gemma, mp, window_release=False), {"long": LONG})
+        return {
+            r: run(make(gemma, mp, runner=r, window_release=False), {"long": LONG}) for r in RUNNERS
+        }
     finally:
         mp.undo()
 
 
+def arrays(engine: LLMEngine) -> list[int]:
+    """Cells in each layer's K array, lean runner or torch runner."""
+    runner = engine.runner
+    ks = runner.pool.k if hasattr(runner, "pool") else runner.kv.k  # type: ignore[attr-defined]
+    return [int(k.shape[0]) * PAGE for k in ks]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_sliding_layers_hold_their_window_in_a_space_of_their_own(
-    gemma: Path, kept: Run, monkeypatch: pytest.MonkeyPatch
+    gemma: Path, runner: str, kept: dict[str, Run], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = make(gemma, monkeypatch)
+    engine = make(gemma, monkeypatch, runner=runner)
     space = engine.scheduler.cells.space
     size = window_space_cells(WINDOW, PAGE, 4, 24, CELLS)
     assert space is not None and size is not None and space.pool.n_cells == size < CELLS
     # the runner's arrays: the sliding layers' hold the window space's cells, the others all
-    pool, arch = engine.runner.pool, engine.runner.weights.arch  # type: ignore[attr-defined]
-    for i, k in enumerate(pool.k):
-        sliding = arch.window_of(i) is not None
-        assert k.shape[0] * PAGE == (size if sliding else CELLS)
+    arch = engine.runner.weights.arch if runner == "lean" else engine.runner.loaded.arch  # type: ignore[attr-defined]
+    for i, cells in enumerate(arrays(engine)):
+        assert cells == (size if arch.window_of(i) is not None else CELLS)
     assert engine.max_model_len == CELLS  # the global layers keep the whole context
     got, peak = run(engine, {"long": LONG})
     assert len(got["long"]) == GREEDY.max_tokens
-    assert got["long"] == kept[0]["long"]  # bitwise: tokens and logprobs
+    assert got["long"] == kept[runner][0]["long"]  # bitwise: tokens and logprobs
     # one sequence: its window and a step's rows (24), on pages that need not start aligned
     assert 0 < peak <= (-(-(WINDOW - 1 + 24) // PAGE) + 1) * PAGE
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("park", ["swap", "recompute"])
 def test_parks_beside_others_change_no_bit(
-    gemma: Path, park: str, kept: Run, monkeypatch: pytest.MonkeyPatch
+    gemma: Path, runner: str, park: str, kept: dict[str, Run], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     options: dict[str, object] = {"preempt_ram_mib": 0} if park == "recompute" else {}
-    engine = make(gemma, monkeypatch, every=5, **options)
+    engine = make(gemma, monkeypatch, every=5, runner=runner, **options)
     others = {f"o{i}": t for i, t in enumerate(OTHERS)}
     got, peak = run(engine, {"long": LONG, **others})
     assert engine.stats.preemptions_total[park] > 0
-    assert got["long"] == kept[0]["long"]
+    assert got["long"] == kept[runner][0]["long"]
     space = engine.scheduler.cells.space
     assert space is not None and peak <= space.pool.n_cells
 
@@ -170,4 +191,28 @@ def test_no_space_where_it_would_save_nothing(gemma: Path, monkeypatch: pytest.M
     256 cells: the sliding layers share the pool's cells, as without window release."""
     engine = make(gemma, monkeypatch, parallel=16, max_batch_tokens=512)
     assert engine.scheduler.cells.space is None
-    assert all(k.shape[0] * PAGE == CELLS for k in engine.runner.pool.k)  # type: ignore[attr-defined]
+    assert all(cells == CELLS for cells in arrays(engine))
+
+
+def test_tensor_parallel_ranks_keep_their_share_in_a_window_space(gemma: Path) -> None:
+    """``--tensor-parallel 2`` (rank 1 a spawned gloo worker): every rank keeps its share of the
+    sliding layers' K/V in the window space, bitwise the same TP size keeping every cell."""
+    torch.set_num_threads(1)
+    sched = SchedulerConfig(parallel=4, max_batch_tokens=24)
+
+    def tokens(**pool: object) -> list[TokenLogprob]:
+        config = tiny_tp.config(str(gemma), 2, kv_cells=CELLS, **pool)  # type: ignore[arg-type]
+        engine = LLMEngine(replace(config, scheduler=sched))
+        try:
+            split = engine.scheduler.cells.space is not None
+            assert split == config.pool.window_release
+            if split:  # rank 0's share: the sliding layers' arrays are the window space's
+                kv = engine.runner.shard.kv  # type: ignore[attr-defined]
+                assert kv.split and min(k.shape[0] for k in kv.k) * kv.page_size < CELLS
+            return run(engine, {"long": LONG})[0]["long"]
+        finally:
+            engine.close()
+
+    slid = tokens()
+    assert len(slid) == GREEDY.max_tokens
+    assert slid == tokens(window_release=False)

@@ -171,8 +171,18 @@ def test_rms_norm_in_one_call_matches_torch_and_falls_back() -> None:
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(5, 64, generator=gen), torch.randn(64, generator=gen)
     torch.testing.assert_close(norm.rms_norm_cpu(x, w, 1e-6), norm.rms_norm(x, w, 1e-6))
-    strided = torch.randn(5, 128)[:, ::2]  # not contiguous: the torch path
-    assert torch.equal(norm.rms_norm_cpu(strided, w, 1e-6), norm.rms_norm(strided, w, 1e-6))
+    # not contiguous: the same kernel over a contiguous copy (a row's bits must not depend on
+    # whether its view was strided: a lone row's view of QKV rows is contiguous, several rows'
+    # are not), close to torch's
+    strided = torch.randn(5, 128)[:, ::2]
+    got = norm.rms_norm_cpu(strided, w, 1e-6)
+    assert torch.equal(got, norm.rms_norm_cpu(strided.contiguous(), w, 1e-6))
+    torch.testing.assert_close(got, norm.rms_norm(strided, w, 1e-6))
+    half = x.to(torch.bfloat16)  # not float32: torch's, in float32 (Hugging Face's order)
+    assert torch.equal(
+        norm.rms_norm_cpu(half, w.to(torch.bfloat16), 1e-6),
+        norm.rms_norm(half, w.to(torch.bfloat16), 1e-6),
+    )
     with pytest.raises(ValueError, match="weight"):
         norm.rms_norm_cpu(x, torch.randn(32), 1e-6)
 

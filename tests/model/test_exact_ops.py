@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from kvpark.model.ops import KVCache, block_weights, chunked_attention, exact_attention
 from kvpark.model.ops.cpu_attention import NativeDecode
+from kvpark.model.ops.op_set import OpSet
 from kvpark.model.ops.tiled_linear import tiled_linear
 from support.attention import PAGE, STEPS, make_step, reference, tiny_arch
 
@@ -174,3 +175,28 @@ def test_native_exact_attention_does_not_depend_on_the_kernel_threads() -> None:
     finally:
         block_weights.set_threads(1)
     assert all(torch.equal(one[k], three[k]) for k in one)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_head_norms_of_strided_views_do_not_depend_on_their_neighbours(
+    dtype: torch.dtype,
+) -> None:
+    """Qwen3's and Gemma 3's q and k norms take views cut from the QKV rows: a lone row's view
+    is contiguous and went to the Rust kernel, several rows' is strided and went to torch's
+    rms_norm, with other bits (on every CPU: two implementations), which made a Gemma 3 answer
+    depend on its neighbours in exact mode."""
+    torch.set_num_threads(1)
+    exact = OpSet.exact()
+    gen = torch.Generator().manual_seed(0)
+    qkv = (torch.randn(24, 8 * 64, generator=gen) * 3).to(dtype)
+    weight = torch.randn(64, generator=gen).to(dtype)
+    for lo, hi in ((0, 4 * 64), (4 * 64, 6 * 64)):  # the q heads, then the k heads
+
+        def first_row(n: int, lo: int = lo, hi: int = hi) -> torch.Tensor:
+            view = qkv[:n, lo:hi].view(n, (hi - lo) // 64, 64)
+            return exact.rms_norm(view, weight, 1e-6)[0]
+
+        alone = first_row(1)
+        for n in ROWS:
+            if n <= qkv.shape[0]:
+                assert torch.equal(first_row(n), alone), (lo, n)

@@ -167,7 +167,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="when every layer of the model slides (Mistral, Phi-3), give back each sequence's"
         " pages behind the window: a sequence holds its window and a step's rows, however long"
         " it grows; when some do (Gemma 2 and 3), keep the sliding layers' K/V in a window space"
-        " of their own, as small as never to run short, on the lean runner (docs/models.md)",
+        " of their own, as small as never to run short (docs/models.md)",
     )
     p.add_argument(
         "--exact",

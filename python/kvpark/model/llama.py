@@ -214,14 +214,16 @@ class LlamaModel(nn.Module):
         plans: dict[int | None, object] = {}
         for i, layer in enumerate(self.layers):
             window = a.window_of(i)
+            # a sliding layer's cells may be a window space's (kv_cache.py)
+            m = meta.window if window is not None and meta.window is not None else meta
             if window not in plans:
                 plans[window] = (
-                    ops.prepare_attention(meta, a, kv.k[0].dtype)
+                    ops.prepare_attention(m, a, kv.k[0].dtype)
                     if a.plain_attention
                     else masked.prepare(
-                        meta, window, a.attention_scale, a.attn_softcap, ops.row_invariant
+                        m, window, a.attention_scale, a.attn_softcap, ops.row_invariant
                     )
                 )
             rope = ropes[a.rope_table_of(i)]
-            x = layer(x, rope, kv.k[i], kv.v[i], meta, plans[window], ops)
+            x = layer(x, rope, kv.k[i], kv.v[i], m, plans[window], ops)
         return x

@@ -67,7 +67,7 @@ class CudaTransfers:
 
     @torch.inference_mode()
     def save(self, cells: list[int], out: torch.Tensor) -> Transfer:
-        if not out.is_pinned():
+        if not out.is_pinned() or self._kv.split:  # a window space's layout: copied in line
             return self._sync.save(cells, out)
         compute = torch.cuda.current_stream(self._device)
         with torch.cuda.stream(self._stream):
@@ -81,7 +81,7 @@ class CudaTransfers:
 
     @torch.inference_mode()
     def restore(self, src: torch.Tensor, cells: list[int], first: int = 0) -> Transfer:
-        if not src.is_pinned():
+        if not src.is_pinned() or self._kv.split:
             return self._sync.restore(src, cells, first)
         compute = torch.cuda.current_stream(self._device)
         with torch.cuda.stream(self._stream):

@@ -8,12 +8,13 @@ token ids, positions, slot mapping, cell indices.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from kvpark.model.ops.metadata import AttentionMetadata
-from kvpark.runner.step_rows import plan_rows, takes_prompt_path
+from kvpark.runner.step_rows import StepRows, plan_rows, takes_prompt_path
 from kvpark.sched.plan import StepPlan
 
 
@@ -33,27 +34,46 @@ def build_step_tensors(
 ) -> StepTensors:
     """``prompt_min_rows``: see :func:`takes_prompt_path` (cpu_paths.py)."""
     rows = plan_rows(plan)
-    query_start, context_lens = rows.query_start, rows.context_lens
-    max_pages = max(len(t) for t in plan.page_tables)
-    tables = torch.zeros((len(plan.items), max_pages), dtype=torch.int64)
-    for b, table in enumerate(plan.page_tables):
-        tables[b, : len(table)] = torch.tensor(table, dtype=torch.int64)
-    offsets = torch.arange(page_size, dtype=torch.int64)
-    cells = (tables[:, :, None] * page_size + offsets).reshape(len(plan.items), -1)
-    cell_index = cells[:, : max(context_lens)]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64, device=device),
-        query_start=query_start,
-        context_lens=context_lens,
-        cell_index=cell_index.to(device),
-        max_query_len=max(query_start[i + 1] - query_start[i] for i in range(len(plan.items))),
-    )
+    window = None
+    if plan.window_slot_mapping is not None and plan.window_page_tables is not None:
+        window = _metadata(
+            rows, plan.window_slot_mapping, plan.window_page_tables, page_size, device
+        )
+    meta = _metadata(rows, plan.slot_mapping, plan.page_tables, page_size, device, window)
     return StepTensors(
         token_ids=torch.tensor(rows.tokens, dtype=torch.int64, device=device),
         positions=torch.tensor(rows.positions, dtype=torch.int64, device=device),
         meta=meta,
         logit_rows=torch.tensor(rows.sample_rows, dtype=torch.int64, device=device),
         prompt_chunk=takes_prompt_path(plan, prompt_min_rows),
+    )
+
+
+def _metadata(
+    rows: StepRows,
+    slot_mapping: list[int],
+    page_tables: list[list[int]],
+    page_size: int,
+    device: torch.device,
+    window: AttentionMetadata | None = None,
+) -> AttentionMetadata:
+    """The rows' cells in one space: the pool's, or a window space's (``window``: the latter's,
+    for the sliding layers)."""
+    query_start, context_lens = rows.query_start, rows.context_lens
+    max_pages = max(len(t) for t in page_tables)
+    tables = torch.zeros((len(page_tables), max_pages), dtype=torch.int64)
+    for b, table in enumerate(page_tables):
+        tables[b, : len(table)] = torch.tensor(table, dtype=torch.int64)
+    offsets = torch.arange(page_size, dtype=torch.int64)
+    cells = (tables[:, :, None] * page_size + offsets).reshape(len(page_tables), -1)
+    cell_index = cells[:, : max(context_lens)]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+        query_start=query_start,
+        context_lens=context_lens,
+        cell_index=cell_index.to(device),
+        max_query_len=max(b - a for a, b in itertools.pairwise(query_start)),
+        window=window,
     )
 
 

@@ -194,6 +194,25 @@ class TorchRunner:
         return self.loaded.arch.pool_window
 
     @property
+    def kv_window_split(self) -> int | None:
+        """The window of a model mixing sliding and global layers (Gemma 2 and 3), whose sliding
+        layers can then keep their K/V in a window space of their own (use_window_space); None
+        under CUDA graphs, whose captured steps read one space."""
+        arch = self.loaded.arch
+        mixed = any(arch.sliding_layers) and not all(arch.sliding_layers)
+        return arch.sliding_window if mixed and self.graphs is None else None
+
+    def use_window_space(self, n_cells: int) -> None:
+        """Keep the sliding layers' K/V in ``n_cells`` cells of their own (the plan's window slot
+        mapping and page tables address them, sched/window_space.py); called by the engine
+        before the first step."""
+        pages, dtype, device = self.kv.n_pages, self.kv.k[0].dtype, self.kv.k[0].device
+        del self.kv  # the old tensors go before the new ones are taken (a GPU's memory)
+        self.kv = KVCache.allocate(
+            self.loaded.arch, pages, self.page_size, dtype, device, n_cells // self.page_size
+        )
+
+    @property
     def row_invariant(self) -> bool:
         return self.ops.row_invariant
 

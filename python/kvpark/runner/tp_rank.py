@@ -100,6 +100,8 @@ class RankShard:
             return self.group.all_ok(self._try(self._save, *args))
         if kind == "restore":
             return self.group.all_ok(self._try(self._restore, *args))
+        if kind == "window_space":
+            return self._window_space(args)
         if kind == "embed":
             return embed_tokens(self.model, self.ops, args, self.page_size, self.dtype, self.device)
         raise ValueError(f"unknown tensor-parallel command {kind!r}")
@@ -113,6 +115,15 @@ class RankShard:
             s.token_ids, s.positions, s.meta, self.kv, s.logit_rows, self.ops
         )
         return logits
+
+    def _window_space(self, n_pages: int) -> None:
+        """The sliding layers' K/V in ``n_pages`` pages of their own (TpRunner.use_window_space),
+        before the first step."""
+        pages, arch = self.kv.n_pages, self.model.arch
+        del self.kv  # the old tensors go before the new ones are taken (a GPU's memory)
+        self.kv = KVCache.allocate(
+            arch, pages, self.page_size, self.kv_dtype, self.device, window_pages=n_pages
+        )
 
     def _try(self, action: Any, *args: Any) -> bool:
         try:

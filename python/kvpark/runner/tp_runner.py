@@ -110,6 +110,18 @@ class TpRunner:
         return self.shard.arch.pool_window
 
     @property
+    def kv_window_split(self) -> int | None:
+        """The window of a model mixing sliding and global layers (Gemma 2 and 3): every rank
+        can keep its share of the sliding layers' K/V in a window space (use_window_space)."""
+        arch = self.shard.arch
+        mixed = any(arch.sliding_layers) and not all(arch.sliding_layers)
+        return arch.sliding_window if mixed else None
+
+    def use_window_space(self, n_cells: int) -> None:
+        """Every rank keeps its sliding layers' K/V in ``n_cells`` cells of their own."""
+        self._command("window_space", n_cells // self.shard.page_size)
+
+    @property
     def row_invariant(self) -> bool:
         return self.shard.ops.row_invariant
 

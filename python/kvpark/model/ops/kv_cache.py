@@ -6,11 +6,16 @@ k[layer]: [n_pages, page_size, n_kv_heads, head_dim]      (v[layer] the same)
 ```
 The Rust core decides which cells a sequence owns; this file only holds the numbers and writes a
 step's rows to the cells ``runner/batch.py`` chose (``AttentionMetadata.slot_mapping``).
+
+A model mixing sliding-window and global layers may keep its sliding layers' cells in a window
+space of their own (``window_layers``; sched/window_space.py): their tensors then hold that
+space's pages, and a page or cell number at or past the pool's count, in page copies and swap
+parks' cell lists, is the window space's, less that count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +28,8 @@ if TYPE_CHECKING:
 class KVCache:
     k: list[torch.Tensor]  # per layer [n_pages, page_size, n_kv_heads, head_dim]
     v: list[torch.Tensor]
+    # per layer: whether its cells are the window space's (empty: no window space)
+    window_layers: list[bool] = field(default_factory=list)
 
     @classmethod
     def allocate(
@@ -32,18 +39,45 @@ class KVCache:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        window_pages: int | None = None,
     ) -> KVCache:
-        if n_pages <= 0 or page_size <= 0:
-            raise ValueError(f"n_pages ({n_pages}) and page_size ({page_size}) must be positive")
-        shape = (n_pages, page_size, arch.n_kv_heads, arch.head_dim)
-        # zeros, not empty: padded cells are masked out, but 0 * NaN garbage would still be NaN.
-        k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.n_layers)]
-        v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.n_layers)]
-        return cls(k=k, v=v)
+        """``window_pages``: the sliding layers' pages in a window space of their own."""
+        if n_pages <= 0 or page_size <= 0 or (window_pages is not None and window_pages <= 0):
+            raise ValueError(
+                f"n_pages ({n_pages}), page_size ({page_size}) and window_pages"
+                f" ({window_pages}) must be positive"
+            )
+        layers = [
+            window_pages is not None and arch.window_of(i) is not None for i in range(arch.n_layers)
+        ]
+
+        def zeros(windowed: bool) -> torch.Tensor:
+            pages = window_pages if windowed and window_pages else n_pages
+            shape = (pages, page_size, arch.n_kv_heads, arch.head_dim)
+            # zeros, not empty: padded cells are masked out, but 0 * NaN garbage would still be NaN
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        k = [zeros(w) for w in layers]
+        v = [zeros(w) for w in layers]
+        return cls(k=k, v=v, window_layers=layers if any(layers) else [])
+
+    @property
+    def split(self) -> bool:
+        """Whether the sliding layers keep their cells in a window space of their own."""
+        return bool(self.window_layers)
 
     @property
     def n_pages(self) -> int:
-        return self.k[0].shape[0]
+        """The pool's pages (the global layers')."""
+        windowed = self.window_layers or [False] * len(self.k)
+        pool = [k for k, w in zip(self.k, windowed, strict=True) if not w]
+        return (pool or self.k)[0].shape[0]
+
+    def _spaces(self, ids: list[int], count: int) -> tuple[list[int], list[int]]:
+        """Numbers split by space (numpy_pool.py's rule): the pool's, the window space's."""
+        if not self.split:
+            return ids, ids
+        return [i for i in ids if i < count], [i - count for i in ids if i >= count]
 
     @property
     def page_size(self) -> int:
@@ -53,16 +87,24 @@ class KVCache:
         """Copy page src to page dst in every layer (copy-on-write of a shared page)."""
         if not pairs:
             return
+        n = self.n_pages
+        w = next((k.shape[0] for k, s in zip(self.k, self.window_layers, strict=False) if s), 0)
         for src, dst in pairs:
-            if not (0 <= src < self.n_pages and 0 <= dst < self.n_pages) or src == dst:
-                raise ValueError(f"bad page copy {src} -> {dst} (pool has {self.n_pages} pages)")
+            same = (src < n) == (dst < n)
+            if not (0 <= src < n + w and 0 <= dst < n + w and same) or src == dst:
+                raise ValueError(f"bad page copy {src} -> {dst} (pool has {n} + {w} pages)")
         if len({dst for _, dst in pairs}) != len(pairs):
             raise ValueError(f"page copies {pairs} write one page twice")
         device = self.k[0].device
-        src_idx = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=device)
-        dst_idx = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device)
-        for cache in (*self.k, *self.v):
-            cache.index_copy_(0, dst_idx, cache.index_select(0, src_idx))
+        srcs, dsts = self._spaces([s for s, _ in pairs], n), self._spaces([d for _, d in pairs], n)
+        for i, (k, v) in enumerate(zip(self.k, self.v, strict=True)):
+            space = int(self.split and self.window_layers[i])
+            if not srcs[space]:
+                continue
+            src_idx = torch.tensor(srcs[space], dtype=torch.int64, device=device)
+            dst_idx = torch.tensor(dsts[space], dtype=torch.int64, device=device)
+            for cache in (k, v):
+                cache.index_copy_(0, dst_idx, cache.index_select(0, src_idx))
 
     def bytes_per_cell(self) -> int:
         """K and V of one token, all layers. Plain arithmetic on the shape, no tensor op: the
@@ -100,15 +142,40 @@ class KVCache:
 
     @torch.inference_mode()
     def save_cells(self, cells: list[int], out: torch.Tensor) -> None:
-        """Copy the K and V of ``cells`` (every layer) into the host buffer ``out``."""
+        """Copy the K and V of ``cells`` (every layer) into the host buffer ``out``; with a window
+        space, layer after layer its K then its V of the listed cells of its space."""
+        if self.split:
+            self._copy_split(cells, out, save=True)
+            return
         idx = torch.tensor(cells, dtype=torch.int64, device=self.k[0].device)
         self.cell_view(out, len(cells)).copy_(self.gather_cells(idx))
+
+    def _copy_split(self, cells: list[int], buf: torch.Tensor, save: bool) -> None:
+        """A window space's saved layout (numpy_pool.py's): saved into ``buf``, or restored."""
+        _, _, heads, dim = self.k[0].shape
+        spaces, at, device = self._spaces(cells, self.n_pages * self.page_size), 0, self.k[0].device
+        for windowed, k, v in zip(self.window_layers, self.k, self.v, strict=True):
+            ids = spaces[int(windowed)]
+            idx = torch.tensor(ids, dtype=torch.int64, device=device)
+            size = len(ids) * heads * dim
+            for cache in (k, v):
+                flat, part = cache.view(-1, heads, dim), buf[at : at + size]
+                if save:
+                    part.copy_(flat.index_select(0, idx).reshape(-1))
+                else:
+                    flat.index_copy_(0, idx, part.view(len(ids), heads, dim).to(device))
+                at += size
 
     @torch.inference_mode()
     def restore_cells(self, src: torch.Tensor, cells: list[int], first: int = 0) -> None:
         """Write a saved state back into ``cells`` (any pages: a resume gets fresh ones); with
         ``first``, only its cells ``first..`` into ``cells[first:]`` (the ones before are cached
-        pages the resume took by hash)."""
+        pages the resume took by hash; a window space's saved state is restored whole)."""
+        if self.split:
+            if first:
+                raise ValueError("a cache with a window space restores every cell it saved")
+            self._copy_split(cells, src, save=False)
+            return
         device = self.k[0].device
         idx = torch.tensor(cells[first:], dtype=torch.int64, device=device)
         self.scatter_cells(idx, self.cell_view(src, len(cells))[:, first:].to(device))

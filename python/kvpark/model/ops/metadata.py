@@ -27,6 +27,9 @@ class AttentionMetadata:
         torch.Tensor
     )  # [B, max(context_lens)] int64: each sequence's cells in logical order, 0-padded
     max_query_len: int  # max rows of one sequence in this step (1 for a pure decode step)
+    # the sliding layers' cells where they keep a window space of their own (the plan's window
+    # slot mapping and page tables): what those layers write and read instead
+    window: AttentionMetadata | None = None
 
     @property
     def n_seqs(self) -> int:

@@ -24,6 +24,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``rms_norm`` in one Rust call for contiguous float32 CPU tensors; else ``rms_norm``."""
     d = x.shape[-1]
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        # the per-head q and k norms (Qwen3, Gemma 3) take views cut from the QKV rows: one
+        # row's is contiguous, several rows' strided; both must reach the one kernel, or a
+        # row's bits would depend on how many rows share its step (exact mode)
+        x = x.contiguous()
     fits = x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
     if not (fits and weight.dtype == torch.float32 and weight.is_contiguous()) or d == 0:
         return rms_norm(x, weight, eps)
