@@ -55,8 +55,12 @@ pub const LANES: usize = 16;
 /// Weights ahead of the one a SIMD kernel loads whose cache line it asks for: the weights stream
 /// from memory once per call, and a load that waits out each memory access left a decode step
 /// of a BF16 model at eight rows stalled on them (`perf`: the samples on the widening right
-/// after each weight load); 5-10 % faster at eight rows.
-pub(crate) const PREFETCH_AHEAD: usize = 512;
+/// after each weight load). 2048 weights (4 KiB of f16 or bf16, 8 KiB of f32) ahead cover a
+/// memory access's latency where 512 did not: on an Intel Xeon (Sapphire Rapids, 2 threads)
+/// a SmolLM2-135M decode step ran 35-50 % faster at one row and 20-35 % at eight for F16 and
+/// BF16, 10-25 % for F32, than 512 ahead (`kvpark bench --scenario profile`); 8192 was slower
+/// again.
+pub(crate) const PREFETCH_AHEAD: usize = 2048;
 
 /// One group's lane sums: `[column][row][lane]`.
 pub(crate) type Lanes = [[[f32; LANES]; ROW_TILE]; COLUMN_GROUP];
