@@ -21,9 +21,12 @@ from kvpark import SamplingParams
 from kvpark.config.layers import SchedulerConfig
 from kvpark.engine.llm_engine import LLMEngine
 from kvpark.engine.outputs import TokenEvent, TokenLogprob
+from kvpark.engine.props import describe_props
+from kvpark.engine.stats import EngineStats
 from kvpark.model.gguf_file import GgufFile
 from kvpark.model.sources import default_model_path
 from kvpark.sched.window_space import window_space_cells
+from kvpark.server.metrics import EngineCollector
 from kvpark.tokenizer.tokenizer import Tokenizer
 from support import tiny_tp
 from support.tiny_arch import WINDOW, save_arch
@@ -87,6 +90,8 @@ def run(engine: LLMEngine, texts: dict[str, str | list[int]]) -> Run:
                 if isinstance(ev, TokenEvent) and ev.logprobs is not None:
                     got[rid].extend(ev.logprobs)
         peak = max(peak, space.pool.cells_used() if space else 0)
+        # the gauge of /metrics, refreshed after every step
+        assert engine.stats.kv_window_cells_used == (space.pool.cells_used() if space else 0)
     for pool in (engine.scheduler.pool, *([space.pool] if space else [])):
         assert pool.cells_used() == 0
         pool.check_integrity()
@@ -128,6 +133,10 @@ def test_sliding_layers_hold_their_window_in_a_space_of_their_own(
     got, peak = run(engine, {"long": LONG})
     assert len(got["long"]) == GREEDY.max_tokens
     assert got["long"] == kept[runner][0]["long"]  # bitwise: tokens and logprobs
+    # what /props and /metrics report
+    assert describe_props(engine.config, engine, engine.stats)["pool"]["window_cells"] == size
+    metrics = {m.name: m.samples[0].value for m in EngineCollector(Scraped(engine)).collect()}
+    assert metrics["kvpark_kv_window_cells_total"] == size
     # one sequence: its window and a step's rows (24), on pages that need not start aligned
     assert 0 < peak <= (-(-(WINDOW - 1 + 24) // PAGE) + 1) * PAGE
 
@@ -186,12 +195,29 @@ def test_choices_fork_in_both_spaces(gemma: Path, monkeypatch: pytest.MonkeyPatc
     assert slid == choices(make(gemma, monkeypatch, window_release=False))
 
 
+class Scraped:
+    """The engine as the metrics collector reads it (the server's AsyncEngine, one layer)."""
+
+    ready = True
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats
+
+    def drain_observations(self) -> dict[str, list[float]]:
+        return {}
+
+
 def test_no_space_where_it_would_save_nothing(gemma: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sixteen slots of a window and two pages each, beside 512 rows a step, outgrow a pool of
     256 cells: the sliding layers share the pool's cells, as without window release."""
     engine = make(gemma, monkeypatch, parallel=16, max_batch_tokens=512)
     assert engine.scheduler.cells.space is None
     assert all(cells == CELLS for cells in arrays(engine))
+    names = {m.name for m in EngineCollector(Scraped(engine)).collect()}
+    assert "kvpark_kv_cells_total" in names and "kvpark_kv_window_cells_total" not in names
 
 
 def test_tensor_parallel_ranks_keep_their_share_in_a_window_space(gemma: Path) -> None:

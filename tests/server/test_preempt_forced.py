@@ -146,7 +146,12 @@ def test_props_and_idle_slots_describe_the_preemption_settings(
         "notices": True,
         "granularity": PAGE,
     }
-    assert props["pool"] == {"kv_cells": 1024, "page_size": PAGE, "parallel": 2}
+    assert props["pool"] == {
+        "kv_cells": 1024,
+        "page_size": PAGE,
+        "parallel": 2,
+        "window_cells": None,
+    }
     assert get(reference, "/props")["preempt"]["enabled"] is False
     for slot in get(swap_every, "/slots"):
         assert set(slot) >= SLOT_FIELDS

@@ -62,7 +62,12 @@ def pressure(policy: str) -> Iterator[Server]:
 def test_props_report_the_policy(pressure: Server, policy: str) -> None:
     preempt = get(pressure, "/props")["preempt"]
     assert preempt["enabled"] is True and preempt["policy"] == policy
-    assert get(pressure, "/props")["pool"] == {"kv_cells": POOL, "page_size": PAGE, "parallel": 3}
+    assert get(pressure, "/props")["pool"] == {
+        "kv_cells": POOL,
+        "page_size": PAGE,
+        "parallel": 3,
+        "window_cells": None,
+    }
 
 
 def test_two_generations_that_do_not_fit_together_both_finish(pressure: Server) -> None:

@@ -216,7 +216,7 @@ def test_the_utility_routes_refuse_what_they_do_not_know(
 
 def test_props(server: Server) -> None:
     props = httpx.get(f"{server.base_url}/props").json()
-    assert props["pool"] == {"kv_cells": 4096, "page_size": 16, "parallel": 4}
+    assert props["pool"] == {"kv_cells": 4096, "page_size": 16, "parallel": 4, "window_cells": None}
     assert props["exact"] is False
     assert set(props["preempt"]) >= {
         "enabled",

@@ -79,7 +79,9 @@ class LLMEngine:
         fits = window is not None and self.scheduler.cells.window_cells(1) <= config.pool.kv_cells
         self.max_model_len = limit if fits else min(limit, config.pool.kv_cells)
         self.scheduler.max_model_len = self.max_model_len
-        self.stats = EngineStats(kv_cells_total=config.pool.kv_cells)
+        self.stats = EngineStats(
+            kv_cells_total=config.pool.kv_cells, kv_window_cells_total=space[1] if space else 0
+        )
         self.observations = Observations()
         self.pool_log = PoolLog()  # parks, resumes, rotations: the pool view's timeline
         self._requests: dict[str, Request] = {}
@@ -296,6 +298,8 @@ class LLMEngine:
         self.stats.requests_waiting = len(self.scheduler.waiting)
         self.stats.kv_cells_used = self.scheduler.pool.cells_used()
         self.stats.kv_cells_cached = self.scheduler.pool.cells_cached()
+        if self.scheduler.cells.space is not None:
+            self.stats.kv_window_cells_used = self.scheduler.cells.space.pool.cells_used()
         self.stats.prefix_cache_queries_total = self.scheduler.cache.queries
         self.stats.prefix_cache_hits_total = self.scheduler.cache.hits
         in_transfer = len(self.scheduler.transferring)  # parking or restoring: counted as parked

@@ -23,6 +23,8 @@ def describe_props(
             "kv_cells": config.pool.kv_cells,
             "page_size": config.pool.page_size,
             "parallel": s.parallel,
+            # the sliding layers' own cells (docs/models.md "The window space"); null: none
+            "window_cells": stats.kv_window_cells_total or None,
         },
         # ranks the model is sharded over (--tensor-parallel; 1: one process)
         "tensor_parallel": config.model.tensor_parallel,

@@ -26,6 +26,9 @@ class EngineStats:
     kv_cells_used: int = 0
     kv_cells_cached: int = 0  # in cached pages: held by no sequence, found by later prompts
     kv_cells_total: int = 0
+    # the sliding layers' own cells (sched/window_space.py); total 0: no window space
+    kv_window_cells_used: int = 0
+    kv_window_cells_total: int = 0
     prefix_cache_queries_total: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits_total: int = 0  # of those, tokens the cache supplied
     prompt_tokens_total: int = 0

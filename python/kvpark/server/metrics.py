@@ -46,6 +46,8 @@ class StatsLike(Protocol):
     kv_cells_used: int
     kv_cells_cached: int
     kv_cells_total: int
+    kv_window_cells_used: int
+    kv_window_cells_total: int
     prefix_cache_queries_total: int
     prefix_cache_hits_total: int
     prompt_tokens_total: int
@@ -91,6 +93,17 @@ class EngineCollector:
         yield _gauge("kv_cells_total", "KV cells in the pool", s.kv_cells_total)
         ratio = s.kv_cells_used / s.kv_cells_total if s.kv_cells_total else 0.0
         yield _gauge("kv_usage_ratio", "Fraction of the KV pool in use", ratio)
+        if s.kv_window_cells_total:  # only a model whose sliding layers keep a window space
+            yield _gauge(
+                "kv_window_cells_used",
+                "Cells the sliding layers' window space holds for sequences",
+                s.kv_window_cells_used,
+            )
+            yield _gauge(
+                "kv_window_cells_total",
+                "Cells in the sliding layers' window space",
+                s.kv_window_cells_total,
+            )
         yield _gauge(
             "preempt_ram_bytes", "Host bytes held for parked requests", s.preempt_ram_bytes
         )
