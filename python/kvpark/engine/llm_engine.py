@@ -8,6 +8,7 @@ directly.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import time
 
@@ -31,6 +32,8 @@ from kvpark.sched.plan import StepPlan
 from kvpark.sched.request import Request
 from kvpark.sched.scheduler import CONTEXT_ERROR, Scheduler
 from kvpark.sched.window_space import window_space_cells
+
+log = logging.getLogger("kvpark.engine")
 
 
 def prefix_cache_salt(config: EngineConfig, model_name: str) -> int:
@@ -112,6 +115,13 @@ class LLMEngine:
         if cells is None:
             return None
         self.runner.use_window_space(cells)  # type: ignore[attr-defined]
+        log.info(
+            "window space: the sliding layers (window %d) keep their K/V in %d cells of their"
+            " own beside the pool's %d",
+            split,
+            cells,
+            p.kv_cells,
+        )
         return split, cells
 
     # ----------------------------------------------------------------- admission
