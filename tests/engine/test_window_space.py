@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 import kvpark
 from kvpark import SamplingParams
@@ -29,7 +30,7 @@ from kvpark.sched.window_space import window_space_cells
 from kvpark.server.metrics import EngineCollector
 from kvpark.tokenizer.tokenizer import Tokenizer
 from support import tiny_tp
-from support.tiny_arch import WINDOW, save_arch
+from support.tiny_arch import WINDOW, save_arch, write_gguf
 
 PAGE = 4
 CELLS = 256  # the pool: the long request's 190-odd positions fit; the window space far fewer
@@ -242,3 +243,22 @@ def test_tensor_parallel_ranks_keep_their_share_in_a_window_space(gemma: Path) -
     slid = tokens()
     assert len(slid) == GREEDY.max_tokens
     assert slid == tokens(window_release=False)
+
+
+def test_a_gguf_file_keeps_a_window_space_too(
+    gemma: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same model written as llama.cpp's converter writes it (Q8_0 matrices; its sliding
+    pattern from the GGUF metadata), beside other requests with forced swaps: a window space,
+    bitwise the file keeping every cell."""
+    kind = gemma.name[:6]  # the fixture's folder: gemma2 or gemma3, and a counter
+    metadata = GgufFile(default_model_path()).metadata
+    model = save_arch(kind, Tokenizer.from_gguf_metadata(metadata), tmp_path / "hf")
+    path = tmp_path / "model.gguf"
+    write_gguf(kind, model, path, GGMLQuantizationType.Q8_0, metadata)
+    kept, _ = run(make(path, monkeypatch, window_release=False), {"long": LONG})
+    engine = make(path, monkeypatch, every=5)
+    assert engine.scheduler.cells.space is not None
+    got, _ = run(engine, {"long": LONG, **{f"o{i}": t for i, t in enumerate(OTHERS)}})
+    assert engine.stats.preemptions_total["swap"] > 0
+    assert got["long"] == kept["long"]
