@@ -20,9 +20,11 @@ use crate::weights::{Iq4Weights, Q4Weights, BLOCK};
 
 /// Bytes of a pair of blocks' activations in [`lay_out_pairs`]' order.
 const PAIR: usize = 2 * BLOCK;
-/// Bytes ahead of the block being read whose quants are asked for: a few columns of the
-/// default model, past what the hardware prefetcher has in flight at a column's start.
-const PREFETCH_BYTES: usize = 1024;
+/// Bytes ahead of the block being read whose quants are asked for: several columns of the
+/// default model, past what the hardware prefetcher has in flight at a column's start. 4 KiB
+/// ran one-row Q4 products over 120 MB of weights 4-10 % faster than 1 KiB (Intel Xeon,
+/// Sapphire Rapids, 2 threads, alternated in one process); 8 KiB no faster.
+const PREFETCH_BYTES: usize = 4096;
 
 /// Whether one-row products take this kernel (`KVPARK_CPU_ONE_ROW=off`: the column kernel).
 pub(super) fn enabled() -> bool {
