@@ -117,11 +117,13 @@ def test_a_recompute_park_in_the_prefill_restarts_it_and_counts_the_prompt_once(
     before = server.metrics()
     resident = stream(server, {"prompt": ids(128), "max_tokens": 7, "ignore_eos": True})
     # the late prompt is sent once the resident holds cells (its prefill has begun), not after
-    # its first token: at ~30 ms a step its 7 tokens could be over before the late prompt's
-    # second chunk, and then nothing would press
+    # its first token: at ~10-30 ms a step its 7 tokens could be over before the late prompt's
+    # second chunk, and then nothing would press; so the gauge is polled every few ms (a 100 ms
+    # poll let a loaded machine miss the window: the resident's whole run is ~9 steps)
     wait_until(
         "the resident holds cells",
         lambda: server.metrics()["kvpark_kv_cells_used"] > 0 or resident.done.is_set(),
+        poll_s=0.005,
     )
     late = stream(server, {"prompt": ids(200, 5000), "max_tokens": 4, "ignore_eos": True})
     resident.wait().assert_ok()

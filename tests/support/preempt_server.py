@@ -88,12 +88,18 @@ def delta(after: dict[str, float], before: dict[str, float], name: str) -> float
     return after[name] - before[name]
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout: float = SCENARIO_TIMEOUT_S) -> None:
+def wait_until(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float = SCENARIO_TIMEOUT_S,
+    poll_s: float = POLL_S,
+) -> None:
+    """``poll_s``: shorter where the moment matters (a step of the default model is ~10 ms)."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"precondition not met after {timeout:.0f} s: {what}")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
 def settle(server: Server, before: dict[str, float], unresumed: int = 0) -> dict[str, float]:

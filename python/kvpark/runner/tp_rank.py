@@ -101,7 +101,7 @@ class RankShard:
         if kind == "restore":
             return self.group.all_ok(self._try(self._restore, *args))
         if kind == "window_space":
-            return self._window_space(args)
+            return self.group.all_ok(self._try(self._window_space, args))
         if kind == "embed":
             return embed_tokens(self.model, self.ops, args, self.page_size, self.dtype, self.device)
         raise ValueError(f"unknown tensor-parallel command {kind!r}")

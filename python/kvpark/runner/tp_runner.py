@@ -118,8 +118,12 @@ class TpRunner:
         return arch.sliding_window if mixed else None
 
     def use_window_space(self, n_cells: int) -> None:
-        """Every rank keeps its sliding layers' K/V in ``n_cells`` cells of their own."""
-        self._command("window_space", n_cells // self.shard.page_size)
+        """Every rank keeps its sliding layers' K/V in ``n_cells`` cells of their own (a
+        collective: the next command may then replace this one in the store)."""
+        if not self._command("window_space", n_cells // self.shard.page_size):
+            raise RuntimeError(
+                "a rank of the tensor-parallel group could not take its window space"
+            )
 
     @property
     def row_invariant(self) -> bool:
