@@ -151,6 +151,34 @@ fn inputs_without_a_tail_give_the_plain_bits() {
     }
 }
 
+/// Prompt-sized products (from 16 rows, inputs without a tail) pack each block of columns into
+/// aligned f32 first (`dense/packed.rs`): the same bits as the plain kernel, and each row's
+/// bits those it has alone (one row is never packed), across tiles, groups of fewer than four
+/// columns, blocks (576 inputs: 112 columns a block) and thread splits.
+#[test]
+fn packed_prompt_rows_give_the_plain_bits_and_each_rows_bits_alone() {
+    let mut seed = 11;
+    for (n, k, rows) in [(13, 64, 16), (6, 16, 23), (130, 576, 37), (230, 576, 17)] {
+        let x = xs(rows, k, &mut seed);
+        for format in 0..3 {
+            let w = dense(format, n, k, &mut seed);
+            let plain = product(&x, rows, &w, DenseKernel::Plain);
+            for kernel in DenseKernel::available() {
+                for threads in [1, 2] {
+                    set_threads(threads);
+                    let all = product(&x, rows, &w, kernel);
+                    assert_eq!(bits(&all), bits(&plain), "{} {n}x{k}", kernel.name());
+                }
+                set_threads(1);
+                for r in [0, rows / 2, rows - 1] {
+                    let alone = product(&x[r * k..(r + 1) * k], 1, &w, kernel);
+                    assert_eq!(bits(&alone), bits(&plain[r * n..(r + 1) * n]), "row {r}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_rows_bits_depend_on_neither_the_other_rows_nor_the_threads() {
     let mut seed = 7;

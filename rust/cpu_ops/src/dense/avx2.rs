@@ -5,6 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
+use super::packed::Line;
 use super::{Lanes, LANES, PREFETCH_AHEAD};
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
@@ -136,6 +137,76 @@ pub(super) unsafe fn reduce_group(
             let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
             let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
             *o = _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+        }
+    }
+}
+
+/// `packed.rs`'s widening of up to a group of columns into `[chunk][column][16]` lines.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `w` holds `width` columns of `k` (a multiple of 16); `dst`
+/// holds `k / 16 * COLUMN_GROUP` lines.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack<F: Load>(w: &[F::Raw], k: usize, width: usize, dst: &mut [Line]) {
+    let chunks = k / LANES;
+    assert!(width <= COLUMN_GROUP && width * k <= w.len() && chunks * COLUMN_GROUP <= dst.len());
+    for g in 0..width {
+        for ch in 0..chunks {
+            let [lo, hi] = F::load(w.as_ptr().add(g * k + ch * LANES));
+            let o = dst[ch * COLUMN_GROUP + g].0.as_mut_ptr();
+            _mm256_store_ps(o, lo);
+            _mm256_store_ps(o.add(8), hi);
+        }
+    }
+}
+
+/// `out[row][column]`: `tile` rows of `x` (`[row][chunk]` lines) against a packed group of
+/// columns (`[chunk][column]` lines), four rows by one column at a time as `lanes` runs a tile
+/// of more than two rows, then `reduce_group`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `x` holds `tile * chunks` lines, `w` `chunks *
+/// COLUMN_GROUP`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn packed_sums(
+    x: &[Line],
+    tile: usize,
+    chunks: usize,
+    w: &[Line],
+    sums: &mut [[f32; COLUMN_GROUP]; ROW_TILE],
+) {
+    assert!(tile <= ROW_TILE && tile * chunks <= x.len() && chunks * COLUMN_GROUP <= w.len());
+    let mut lanes: Lanes = [[[0.0; LANES]; ROW_TILE]; COLUMN_GROUP];
+    let out = &mut lanes;
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    let mut r0 = 0;
+    while r0 < tile {
+        let t = (tile - r0).min(4);
+        let row_at: [usize; 4] = std::array::from_fn(|r| (r0 + r.min(t - 1)) * chunks);
+        for (g, per_row) in out.iter_mut().enumerate() {
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            for ch in 0..chunks {
+                let wl = (*wp.add(ch * COLUMN_GROUP + g)).0.as_ptr();
+                let wv = [_mm256_load_ps(wl), _mm256_load_ps(wl.add(8))];
+                for (a, at) in acc.iter_mut().zip(row_at) {
+                    let xl = (*xp.add(at + ch)).0.as_ptr();
+                    a[0] = _mm256_fmadd_ps(wv[0], _mm256_load_ps(xl), a[0]);
+                    a[1] = _mm256_fmadd_ps(wv[1], _mm256_load_ps(xl.add(8)), a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate().take(t) {
+                let o = per_row[r0 + r].as_mut_ptr();
+                _mm256_storeu_ps(o, a[0]);
+                _mm256_storeu_ps(o.add(8), a[1]);
+            }
+        }
+        r0 += t;
+    }
+    let mut by_column = [[0.0f32; ROW_TILE]; COLUMN_GROUP];
+    reduce_group(&lanes, tile, COLUMN_GROUP, &mut by_column);
+    for (r, row) in sums.iter_mut().enumerate().take(tile) {
+        for (g, v) in row.iter_mut().enumerate() {
+            *v = by_column[g][r];
         }
     }
 }

@@ -6,7 +6,9 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
+use super::packed::Line;
 use super::{Lanes, LANES, PREFETCH_AHEAD};
+use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
 /// A format's chunk of 16 values as one vector of f32, widened exactly.
 pub(crate) trait Load: Format {
@@ -108,4 +110,100 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
             _mm512_storeu_ps(out[g0 + g][r0 + r].as_mut_ptr(), *a);
         }
     }
+}
+
+/// `packed.rs`'s widening of up to a group of columns into `[chunk][column][16]` lines.
+///
+/// # Safety
+/// The CPU has AVX-512F; `w` holds `width` columns of `k` (a multiple of 16); `dst` holds
+/// `k / 16 * COLUMN_GROUP` lines.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn pack<F: Load>(w: &[F::Raw], k: usize, width: usize, dst: &mut [Line]) {
+    let chunks = k / LANES;
+    assert!(width <= COLUMN_GROUP && width * k <= w.len() && chunks * COLUMN_GROUP <= dst.len());
+    for g in 0..width {
+        for ch in 0..chunks {
+            let v = F::load(w.as_ptr().add(g * k + ch * LANES));
+            _mm512_store_ps(dst[ch * COLUMN_GROUP + g].0.as_mut_ptr(), v);
+        }
+    }
+}
+
+/// `out[row][column]`: `tile` rows of `x` (`[row][chunk]` lines) against a packed group of
+/// columns (`[chunk][column]` lines), four rows at a time by the group's four columns (sixteen
+/// accumulators), each output's lanes reduced in registers by `reduce16`.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` holds `tile * chunks` lines, `w` `chunks * COLUMN_GROUP`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn packed_sums(
+    x: &[Line],
+    tile: usize,
+    chunks: usize,
+    w: &[Line],
+    out: &mut [[f32; COLUMN_GROUP]; ROW_TILE],
+) {
+    assert!(tile <= ROW_TILE && tile * chunks <= x.len() && chunks * COLUMN_GROUP <= w.len());
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    let mut r0 = 0;
+    while r0 < tile {
+        let t = (tile - r0).min(4);
+        let row_at: [usize; 4] = std::array::from_fn(|r| (r0 + r.min(t - 1)) * chunks);
+        let mut acc = [[_mm512_setzero_ps(); 4]; COLUMN_GROUP];
+        for ch in 0..chunks {
+            let xs: [__m512; 4] =
+                std::array::from_fn(|r| _mm512_load_ps((*xp.add(row_at[r] + ch)).0.as_ptr()));
+            for (g, accs) in acc.iter_mut().enumerate() {
+                let wv = _mm512_load_ps((*wp.add(ch * COLUMN_GROUP + g)).0.as_ptr());
+                for (a, xv) in accs.iter_mut().zip(xs) {
+                    *a = _mm512_fmadd_ps(wv, xv, *a);
+                }
+            }
+        }
+        let sums = reduce16(std::array::from_fn(|o| acc[o / 4][o % 4]));
+        let mut lanes = [0.0f32; LANES];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), sums);
+        for (r, row) in out[r0..r0 + t].iter_mut().enumerate() {
+            row.copy_from_slice(&lanes[r * COLUMN_GROUP..][..COLUMN_GROUP]);
+        }
+        r0 += t;
+    }
+}
+
+/// Sixteen outputs' lane vectors `v[4 g + r]` (column `g`, row `r`) reduced as `mod.rs` says,
+/// each `a_j = lane_j + lane_(j+8)`, `b_j = a_j + a_(j+4)`, then `(b0 + b2) + (b1 + b3)`: the
+/// same additions as `plain::hsum`'s tree, sixteen outputs at a time. Lane `4 r + g` of the
+/// result is output `(g, r)`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn reduce16(v: [__m512; 16]) -> __m512 {
+    // 16 -> 8: halves of outputs 2i and 2i + 1 side by side, a_j of each in one half
+    let s1: [__m512; 8] = std::array::from_fn(|i| {
+        let (p, q) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(p, q),
+            _mm512_shuffle_f32x4::<0xEE>(p, q),
+        )
+    });
+    // 8 -> 4: b_j of outputs 4m .. 4m + 3, one per 128-bit lane
+    let s2: [__m512; 4] = std::array::from_fn(|m| {
+        let (p, q) = (s1[2 * m], s1[2 * m + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(p, q),
+            _mm512_shuffle_f32x4::<0xDD>(p, q),
+        )
+    });
+    // 4 -> 2: (b0 + b2, b1 + b3) of two outputs in each 128-bit lane
+    let s3: [__m512; 2] = std::array::from_fn(|t| {
+        let (p, q) = (s2[2 * t], s2[2 * t + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(p, q),
+            _mm512_shuffle_ps::<0xEE>(p, q),
+        )
+    });
+    // 2 -> 1: c0 + c1 of four outputs in each 128-bit lane
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(s3[0], s3[1]),
+        _mm512_shuffle_ps::<0xDD>(s3[0], s3[1]),
+    )
 }

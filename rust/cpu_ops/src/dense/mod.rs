@@ -33,6 +33,8 @@
 //! range (`tests/dense.rs` checks it against a float64 product).
 
 mod format;
+#[cfg(target_arch = "x86_64")]
+mod packed;
 mod plain;
 
 #[cfg(target_arch = "x86_64")]
@@ -172,6 +174,10 @@ impl Product<'_> {
     /// Output columns `cols` of every row; only those are written, so threads given disjoint
     /// columns share `y`.
     fn columns<F: Kernels>(&self, w: &[F::Raw], cols: std::ops::Range<usize>, y: &Output) {
+        #[cfg(target_arch = "x86_64")]
+        if packed::applies(self) {
+            return packed::columns::<F>(self, w, cols, y);
+        }
         // Columns in blocks of about BLOCK_BYTES of weights, each block's weights kept in cache
         // while every row tile passes over them: a whole share of columns per row tile
         // streamed a matrix bigger than the cache once per eight rows.
