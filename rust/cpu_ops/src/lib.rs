@@ -44,6 +44,7 @@ mod exp;
 pub mod int8;
 mod iq4;
 pub mod isa;
+pub(crate) mod lane_tree;
 mod norm;
 mod plain;
 mod product;

@@ -20,16 +20,16 @@
 //! single operation: it never contracts a product and a sum into an fma), so every path gives
 //! the plain bits, and no block, head split or thread split changes an entry's result.
 
-use super::dot::{Dot, LANES};
+use super::dot::{weighted_pair, Dot, LANES};
 use super::kv_values::Rows;
 use super::runs::{Block, BLOCK_ENTRIES};
 use super::{DecodeAttention, Scores};
 use crate::exp::exp;
 use crate::threads::Output;
 
-/// Entries of a block from which its scores come from K transposed ([`Dot::dots16`]): the
-/// transposition costs about what the dots of a few entries save.
-const WIDE_ENTRIES: usize = 4;
+/// Entries of a block from which its scores come sixteen cells at a time ([`Dot::dots16`]),
+/// where the level has it: every block (one row's decode attention a few per cent faster too).
+const WIDE_ENTRIES: usize = 1;
 /// Cells ahead whose K (or V) rows are requested before they are read: a sequence's cells lie
 /// in pages scattered over the pool, where the hardware prefetcher cannot follow.
 const PREFETCH_CELLS: usize = 6;
@@ -44,7 +44,7 @@ pub(super) struct Scratch {
     acc: Vec<f32>,
     /// `[kv heads of the task, d]`: one cell's K or V rows widened
     wide: Vec<f32>,
-    /// `[kv heads of the task, tiles, d, 16]`: the union's K rows transposed, sixteen cells a tile
+    /// `[16 cells, kv heads of the task, d]`: a tile of the union's K rows
     kt: Vec<f32>,
 }
 
@@ -56,6 +56,22 @@ fn make_score(dot: f32, sc: Scores) -> f32 {
         None => score,
         Some(cap) => cap * (score / cap).tanh(),
     }
+}
+
+/// The largest value of `row` (NaNs ignored; `-inf` for none), as `f32::max` folds it in order:
+/// sixteen lanes' maxima first, which the compiler vectorises. The same value but for the sign
+/// of a zero, which no `exp(s - max)` tells apart.
+#[inline(always)]
+fn max_of(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (m, x) in lanes.iter_mut().zip(chunk) {
+            *m = m.max(*x);
+        }
+    }
+    let tail = chunks.remainder().iter();
+    tail.chain(&lanes).fold(f32::NEG_INFINITY, |m, &x| m.max(x))
 }
 
 /// Entries `block` against KV heads `heads`: their query heads' outputs into `out`.
@@ -95,38 +111,40 @@ pub(super) fn task<R: Rows, D: Dot>(
     let at = |cell: i64| (cell as usize * kv + g0) * d;
 
     if D::WIDE && entries >= WIDE_ENTRIES {
-        // K transposed once, then each query's scores sixteen cells at a time
-        let tiles = cells.div_ceil(LANES);
+        // sixteen cells' K rows at a time (widened where stored narrower), then each query's
+        // scores of the cells it attends to among them, sixteen dots at once
+        let row_len = n * d;
         s.kt.clear();
-        s.kt.resize(n * tiles * d * LANES, 0.0);
-        for c in 0..cells {
-            if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
-                k_all.prefetch(at(ahead), n * d);
-            }
-            let k = k_all.row(at(s.union[c]), n * d, &mut s.wide);
-            let (tile, lane) = (c / LANES, c % LANES);
-            for i in 0..n {
-                let base = (i * tiles + tile) * d * LANES + lane;
-                for (t, x) in k[i * d..][..d].iter().enumerate() {
-                    s.kt[base + t * LANES] = *x;
-                }
-            }
-        }
+        s.kt.resize(LANES * row_len, 0.0);
         let mut dots = [0.0f32; LANES];
-        for (e, range) in ranges.iter().enumerate().take(entries) {
-            let b = block.entries.start + e;
-            for i in 0..n {
-                for j in 0..group {
-                    let q = &a.q[q_at(b, i, j)..][..d];
-                    let row = &mut s.scores[(e * q_heads + i * group + j) * cells..][..cells];
-                    for tile in range.start / LANES..range.end.div_ceil(LANES) {
-                        let kt = &s.kt[(i * tiles + tile) * d * LANES..][..d * LANES];
+        for tile in 0..cells.div_ceil(LANES) {
+            let first = tile * LANES;
+            let last = (first + LANES).min(cells);
+            for c in first..last {
+                if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
+                    k_all.prefetch(at(ahead), row_len);
+                }
+                let k = k_all.row(at(s.union[c]), row_len, &mut s.wide);
+                s.kt[(c - first) * row_len..][..row_len].copy_from_slice(k);
+            }
+            for (e, range) in ranges.iter().enumerate().take(entries) {
+                let (from, to) = (first.max(range.start), last.min(range.end));
+                if from >= to {
+                    continue;
+                }
+                let b = block.entries.start + e;
+                for i in 0..n {
+                    for j in 0..group {
+                        let q = &a.q[q_at(b, i, j)..][..d];
                         // SAFETY: the caller runs `D` only where the CPU has its instructions.
-                        unsafe { D::dots16(q, kt, &mut dots) };
-                        let from = (tile * LANES).max(range.start);
-                        let to = ((tile + 1) * LANES).min(range.end);
-                        for c in from..to {
-                            row[c] = make_score(dots[c - tile * LANES], sc);
+                        unsafe { D::dots16(q, &s.kt[i * d..], row_len, &mut dots) };
+                        let row = &mut s.scores[(e * q_heads + i * group + j) * cells..][..cells];
+                        let made = row[from..to]
+                            .iter_mut()
+                            .zip(&dots[from - first..to - first]);
+                        match sc.softcap {
+                            None => made.for_each(|(r, x)| *r = x * sc.scale),
+                            Some(_) => made.for_each(|(r, x)| *r = make_score(*x, sc)),
                         }
                     }
                 }
@@ -159,7 +177,7 @@ pub(super) fn task<R: Rows, D: Dot>(
     for (e, range) in ranges.iter().enumerate().take(entries) {
         for h in 0..q_heads {
             let row = &mut s.scores[(e * q_heads + h) * cells..][..cells][range.clone()];
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let max = max_of(row);
             for x in row.iter_mut() {
                 *x = exp(*x - max);
             }
@@ -209,34 +227,45 @@ pub(super) fn task<R: Rows, D: Dot>(
     let whole = d - d % LANES;
     for (e, range) in ranges.iter().enumerate().take(entries) {
         let b = block.entries.start + e;
+        let probs =
+            |i: usize, j: usize| &s.scores[(e * q_heads + i * group + j) * cells..][..cells];
         for i in 0..n {
-            for j in 0..group {
-                let h = e * q_heads + i * group + j;
-                let probs = &s.scores[h * cells..][..cells];
-                // four runs of sixteen values at once: independent sums, so that the products of
-                // one cell overlap the additions of the last
+            // the query heads of a KV head two at a time (they read the same V rows), four runs
+            // of sixteen values each: independent sums, so that the products of one cell overlap
+            // the additions of the last
+            for j in (0..group).step_by(2) {
+                let pair = (group - j).min(2);
+                let p = [probs(i, j), probs(i, j + pair - 1)];
                 let mut t = 0;
                 while t < whole {
                     let m = ((whole - t) / LANES).min(4);
-                    let mut sums = [[0.0f32; LANES]; 4];
+                    let mut sums = [[[0.0f32; LANES]; 4]; 2];
                     let v = &s.acc[i * d + t..];
                     // SAFETY: the caller runs `D` only where the CPU has its instructions.
-                    unsafe { D::weighted(probs, v, n * d, range.clone(), m, &mut sums) };
-                    for (u, sum) in sums.iter().enumerate().take(m) {
-                        out.set_array(q_at(b, i, j) + t + u * LANES, sum);
+                    unsafe {
+                        if pair == 2 {
+                            weighted_pair::<D>(p, v, n * d, range.clone(), m, &mut sums)
+                        } else {
+                            D::weighted(p[0], v, n * d, range.clone(), m, &mut sums[0])
+                        }
+                    };
+                    for (jj, sums) in sums.iter().enumerate().take(pair) {
+                        for (u, sum) in sums.iter().enumerate().take(m) {
+                            out.set_array(q_at(b, i, j + jj) + t + u * LANES, sum);
+                        }
                     }
                     t += m * LANES;
                 }
-                if whole < d {
+                for jj in (j..j + pair).filter(|_| whole < d) {
                     let rest = d - whole;
                     let mut sums = [0.0f32; LANES];
                     for c in range.clone() {
-                        let (p, v) = (probs[c], &s.acc[(c * n + i) * d + whole..][..rest]);
+                        let (p, v) = (probs(i, jj)[c], &s.acc[(c * n + i) * d + whole..][..rest]);
                         for (o, x) in sums.iter_mut().zip(v) {
                             *o += p * x;
                         }
                     }
-                    out.set_run(q_at(b, i, j) + whole, &sums[..rest]);
+                    out.set_run(q_at(b, i, jj) + whole, &sums[..rest]);
                 }
             }
         }

@@ -2,29 +2,46 @@
 //! and the same operations on AVX2 and AVX-512 vectors (`block.rs` fixes the order; the
 //! compiler cuts a 16-lane array into pieces of two, so the SIMD paths spell theirs out).
 
-use crate::plain::hsum;
-
 /// Lanes of the dot product.
 pub(super) const LANES: usize = 16;
 
 /// `q . k` in the module's order: the plain code, and the same operations on vectors (the
 /// compiler cuts a 16-lane array into pieces of two, so the SIMD paths spell theirs out).
 pub(super) trait Dot {
-    /// Whether [`Dot::dots16`] is implemented: scores sixteen cells at a time from K transposed.
+    /// Whether [`Dot::dots16`] is implemented: scores sixteen cells at a time.
     const WIDE: bool = false;
+    /// Whether [`Dot::weighted2`] is implemented.
+    const PAIRED: bool = false;
+
+    /// [`weighted_pair`] on this level, where [`Dot::PAIRED`].
+    ///
+    /// # Safety
+    /// As for [`Dot::weighted`].
+    #[inline(always)]
+    unsafe fn weighted2(
+        p: [&[f32]; 2],
+        v: &[f32],
+        stride: usize,
+        cells: std::ops::Range<usize>,
+        m: usize,
+        out: &mut [[[f32; LANES]; 4]; 2],
+    ) {
+        let _ = (p, v, stride, cells, m, out);
+        unreachable!("weighted2 of a Dot that is not PAIRED")
+    }
 
     /// # Safety
     /// The CPU has the instructions the implementation uses; `q` and `k` have one length.
     unsafe fn dot(q: &[f32], k: &[f32]) -> f32;
 
-    /// `out[c] = dot(q, k_c)` for the sixteen cells of `tile` (`[d, 16]`: value `t` of cell `c`
-    /// at `16 t + c`), bit for bit what [`Dot::dot`] gives each.
+    /// `out[c] = dot(q, k_c)` for sixteen cells whose rows lie `stride` apart in `rows` (cell
+    /// `c` from `c * stride`), bit for bit what [`Dot::dot`] gives each.
     ///
     /// # Safety
-    /// As for [`Dot::dot`]; `tile` holds `16 q.len()` values.
+    /// As for [`Dot::dot`]; `rows` holds `15 stride + q.len()` values.
     #[inline(always)]
-    unsafe fn dots16(q: &[f32], tile: &[f32], out: &mut [f32; LANES]) {
-        let _ = (q, tile, out);
+    unsafe fn dots16(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32; LANES]) {
+        let _ = (q, rows, stride, out);
         unreachable!("dots16 of a Dot that is not WIDE")
     }
 
@@ -54,6 +71,29 @@ pub(super) trait Dot {
     }
 }
 
+/// Two query heads' [`Dot::weighted`] over one V: `out[h]` from `p[h]`, each bit for bit what
+/// `weighted` gives it alone (a SIMD level may run them together, sharing each V row's loads).
+///
+/// # Safety
+/// As for [`Dot::weighted`].
+#[inline(always)]
+pub(super) unsafe fn weighted_pair<D: Dot>(
+    p: [&[f32]; 2],
+    v: &[f32],
+    stride: usize,
+    cells: std::ops::Range<usize>,
+    m: usize,
+    out: &mut [[[f32; LANES]; 4]; 2],
+) {
+    if D::PAIRED {
+        D::weighted2(p, v, stride, cells, m, out)
+    } else {
+        let [o0, o1] = out;
+        D::weighted(p[0], v, stride, cells.clone(), m, o0);
+        D::weighted(p[1], v, stride, cells, m, o1);
+    }
+}
+
 /// The portable dot.
 pub(super) struct PlainDot;
 
@@ -71,8 +111,7 @@ impl Dot for PlainDot {
 /// The lanes' fixed tree.
 #[inline(always)]
 fn finish(lanes: &[f32; LANES]) -> f32 {
-    let a: [f32; 8] = std::array::from_fn(|j| lanes[j] + lanes[j + 8]);
-    hsum(&a)
+    crate::lane_tree::fold(lanes)
 }
 
 /// The tail of `d % 16` values into `lanes` (lane `i` takes value `whole + i`), then the tree.
@@ -138,32 +177,53 @@ pub(super) struct Avx512Dot;
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx512Dot {
     const WIDE: bool = true;
+    const PAIRED: bool = true;
 
     #[inline(always)]
-    unsafe fn dots16(q: &[f32], tile: &[f32], out: &mut [f32; LANES]) {
+    unsafe fn weighted2(
+        p: [&[f32]; 2],
+        v: &[f32],
+        stride: usize,
+        cells: std::ops::Range<usize>,
+        m: usize,
+        out: &mut [[[f32; LANES]; 4]; 2],
+    ) {
+        match m {
+            4 => weighted2_m::<4>(p, v, stride, cells, out),
+            3 => weighted2_m::<3>(p, v, stride, cells, out),
+            2 => weighted2_m::<2>(p, v, stride, cells, out),
+            _ => weighted2_m::<1>(p, v, stride, cells, out),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dots16(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32; LANES]) {
         use std::arch::x86_64::*;
         let d = q.len();
-        assert!(tile.len() >= d * LANES);
-        // lane vector u holds lane u of sixteen cells' dots: values t with t % 16 == u, in order
-        let mut l = [_mm512_setzero_ps(); LANES];
-        let (qp, tp) = (q.as_ptr(), tile.as_ptr());
+        assert!(rows.len() >= 15 * stride + d);
         let whole = d - d % LANES;
-        for t0 in (0..whole).step_by(LANES) {
-            for (u, l) in l.iter_mut().enumerate() {
-                let k = _mm512_loadu_ps(tp.add((t0 + u) * LANES));
-                *l = _mm512_add_ps(*l, _mm512_mul_ps(_mm512_set1_ps(*qp.add(t0 + u)), k));
+        let (qp, rp) = (q.as_ptr(), rows.as_ptr());
+        // cell c's sixteen lanes in acc[c], as `dot` keeps them, then all sixteen folded at once
+        let mut acc = [_mm512_setzero_ps(); LANES];
+        for i in (0..whole).step_by(LANES) {
+            let qv = _mm512_loadu_ps(qp.add(i));
+            for (c, a) in acc.iter_mut().enumerate() {
+                let k = _mm512_loadu_ps(rp.add(c * stride + i));
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, k));
             }
         }
-        for (u, l) in l.iter_mut().enumerate().take(d - whole) {
-            let k = _mm512_loadu_ps(tp.add((whole + u) * LANES));
-            *l = _mm512_add_ps(*l, _mm512_mul_ps(_mm512_set1_ps(*qp.add(whole + u)), k));
+        if whole < d {
+            // the tail into lanes 0..d % 16 only, as `tail` adds it
+            let mask: __mmask16 = (1u16 << (d - whole)) - 1;
+            let qv = _mm512_maskz_loadu_ps(mask, qp.add(whole));
+            for (c, a) in acc.iter_mut().enumerate() {
+                let k = _mm512_maskz_loadu_ps(mask, rp.add(c * stride + whole));
+                *a = _mm512_mask_add_ps(*a, mask, *a, _mm512_mul_ps(qv, k));
+            }
         }
-        let a: [__m512; 8] = std::array::from_fn(|j| _mm512_add_ps(l[j], l[j + 8]));
-        let v = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-            _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
-        );
-        _mm512_storeu_ps(out.as_mut_ptr(), v);
+        // reduce16 puts output o in lane 4 (o % 4) + o / 4: hand it cell 4 (o % 4) + o / 4 as o
+        let v = std::array::from_fn(|o| acc[4 * (o % 4) + o / 4]);
+        _mm512_storeu_ps(out.as_mut_ptr(), crate::lane_tree::reduce16(v));
     }
 
     #[inline(always)]
@@ -204,6 +264,42 @@ impl Dot for Avx512Dot {
             }
         }
         for (o, a) in out.iter_mut().zip(acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), a);
+        }
+    }
+}
+
+/// [`Avx512Dot`]'s `weighted2` for `M` runs of sixteen values: two heads' `2 M` sums
+/// independent of each other (the adds of one cell overlap the last's), each V vector loaded
+/// once for both heads; each sum a product then an add, in cell order, as `weighted`.
+///
+/// # Safety
+/// The CPU has AVX-512F; `v` holds every row read, each `p` every cell of `cells`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weighted2_m<const M: usize>(
+    p: [&[f32]; 2],
+    v: &[f32],
+    stride: usize,
+    cells: std::ops::Range<usize>,
+    out: &mut [[[f32; LANES]; 4]; 2],
+) {
+    use std::arch::x86_64::*;
+    assert!(M <= 4 && (cells.end == 0 || (cells.end - 1) * stride + M * LANES <= v.len()));
+    assert!(cells.end <= p[0].len() && cells.end <= p[1].len());
+    let mut acc = [[_mm512_setzero_ps(); M]; 2];
+    for c in cells {
+        let row = v.as_ptr().add(c * stride);
+        let vs: [__m512; M] = std::array::from_fn(|u| _mm512_loadu_ps(row.add(u * LANES)));
+        for (h, a) in acc.iter_mut().enumerate() {
+            let pc = _mm512_set1_ps(*p[h].get_unchecked(c));
+            for (a, x) in a.iter_mut().zip(vs) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(pc, x));
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        for (o, a) in o.iter_mut().zip(a) {
             _mm512_storeu_ps(o.as_mut_ptr(), a);
         }
     }

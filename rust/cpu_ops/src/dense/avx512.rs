@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 use super::format::{Bf16, Format, F16, F32};
 use super::packed::Line;
 use super::{Lanes, LANES, PREFETCH_AHEAD};
+use crate::lane_tree::reduce16;
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
 /// A format's chunk of 16 values as one vector of f32, widened exactly.
@@ -168,42 +169,4 @@ pub(super) unsafe fn packed_sums(
         }
         r0 += t;
     }
-}
-
-/// Sixteen outputs' lane vectors `v[4 g + r]` (column `g`, row `r`) reduced as `mod.rs` says,
-/// each `a_j = lane_j + lane_(j+8)`, `b_j = a_j + a_(j+4)`, then `(b0 + b2) + (b1 + b3)`: the
-/// same additions as `plain::hsum`'s tree, sixteen outputs at a time. Lane `4 r + g` of the
-/// result is output `(g, r)`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn reduce16(v: [__m512; 16]) -> __m512 {
-    // 16 -> 8: halves of outputs 2i and 2i + 1 side by side, a_j of each in one half
-    let s1: [__m512; 8] = std::array::from_fn(|i| {
-        let (p, q) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(p, q),
-            _mm512_shuffle_f32x4::<0xEE>(p, q),
-        )
-    });
-    // 8 -> 4: b_j of outputs 4m .. 4m + 3, one per 128-bit lane
-    let s2: [__m512; 4] = std::array::from_fn(|m| {
-        let (p, q) = (s1[2 * m], s1[2 * m + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x88>(p, q),
-            _mm512_shuffle_f32x4::<0xDD>(p, q),
-        )
-    });
-    // 4 -> 2: (b0 + b2, b1 + b3) of two outputs in each 128-bit lane
-    let s3: [__m512; 2] = std::array::from_fn(|t| {
-        let (p, q) = (s2[2 * t], s2[2 * t + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(p, q),
-            _mm512_shuffle_ps::<0xEE>(p, q),
-        )
-    });
-    // 2 -> 1: c0 + c1 of four outputs in each 128-bit lane
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0x88>(s3[0], s3[1]),
-        _mm512_shuffle_ps::<0xDD>(s3[0], s3[1]),
-    )
 }

@@ -45,7 +45,6 @@ mod avx512;
 use format::{Bf16, Format, F16, F32};
 
 use crate::isa::{self, Isa};
-use crate::plain::hsum;
 use crate::shape::ShapeError;
 use crate::threads::{parallel, Output};
 use crate::tiling::{COLUMN_CHUNK, COLUMN_GROUP, ROW_TILE};
@@ -242,8 +241,7 @@ fn finish<F: Format>(x: &[f32], w: &[F::Raw], lanes: &mut [f32; LANES]) -> f32 {
     for (i, (xv, wv)) in x[whole..].iter().zip(&w[whole..]).enumerate() {
         lanes[i] = F::widen(*wv).mul_add(*xv, lanes[i]);
     }
-    let a: [f32; 8] = std::array::from_fn(|j| lanes[j] + lanes[j + 8]);
-    hsum(&a)
+    crate::lane_tree::fold(lanes)
 }
 
 /// The lane sums over whole chunks of 16 inputs of `tile` rows of `x` and `cols` columns of
