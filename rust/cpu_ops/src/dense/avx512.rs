@@ -53,17 +53,19 @@ pub(super) unsafe fn lanes<F: Load>(
     cols: usize,
     out: &mut Lanes,
 ) {
-    // As in avx2.rs: columns side by side where there are few rows, for independent chains;
-    // from five rows, four rows by four columns: sixteen accumulators, each chunk's four weight
-    // vectors and four rows loaded once for sixteen FMAs (eight rows by one column loaded nine
-    // vectors for eight)
+    // As in avx2.rs: columns side by side where there are few rows, for independent chains.
+    // From five rows (a decode step of several sequences; prompt-sized products run packed,
+    // `packed.rs`), all the rows by two columns, twice: sixteen accumulators, each weight read
+    // once as it streams from memory. Four rows by four columns twice (each weight read twice,
+    // the second pass from cache with no memory access in flight) left a step at eight rows
+    // 10-20 % slower, f32, f16 and bf16 alike (`kvpark bench --scenario profile`, alternated).
     match (tile, cols) {
         (1, 4) => group::<1, 4, F>(x, 0, 1, k, w, 0, out),
         (2, 4) => group::<2, 4, F>(x, 0, 2, k, w, 0, out),
         (3 | 4, 4) => group::<4, 4, F>(x, 0, tile, k, w, 0, out),
         (5..=8, 4) => {
-            group::<4, 4, F>(x, 0, 4, k, w, 0, out);
-            group::<4, 4, F>(x, 4, tile - 4, k, w, 0, out);
+            group::<8, 2, F>(x, 0, tile, k, w, 0, out);
+            group::<8, 2, F>(x, 0, tile, k, w, 2, out);
         }
         (1, _) => (0..cols).for_each(|g| group::<1, 1, F>(x, 0, 1, k, w, g, out)),
         (2, _) => (0..cols).for_each(|g| group::<2, 1, F>(x, 0, 2, k, w, g, out)),
