@@ -154,7 +154,8 @@ fn inputs_without_a_tail_give_the_plain_bits() {
 /// Prompt-sized products (from 16 rows, inputs without a tail) pack each block of columns into
 /// aligned f32 first (`dense/packed.rs`): the same bits as the plain kernel, and each row's
 /// bits those it has alone (one row is never packed), across tiles, groups of fewer than four
-/// columns, blocks (576 inputs: 112 columns a block) and thread splits.
+/// columns, blocks (576 inputs: 112 columns a block), thread splits, and rows aligned in place
+/// or copied.
 #[test]
 fn packed_prompt_rows_give_the_plain_bits_and_each_rows_bits_alone() {
     let mut seed = 11;
@@ -163,6 +164,16 @@ fn packed_prompt_rows_give_the_plain_bits_and_each_rows_bits_alone() {
         for format in 0..3 {
             let w = dense(format, n, k, &mut seed);
             let plain = product(&x, rows, &w, DenseKernel::Plain);
+            // the rows on a 64-byte boundary (read in place) and 4 bytes past one (copied)
+            let mut buf = vec![0.0f32; x.len() + 32];
+            let aligned = (16 - (buf.as_ptr() as usize / 4) % 16) % 16;
+            for at in [aligned, aligned + 1] {
+                buf[at..at + x.len()].copy_from_slice(&x);
+                for kernel in DenseKernel::available() {
+                    let y = product(&buf[at..at + x.len()], rows, &w, kernel);
+                    assert_eq!(bits(&y), bits(&plain), "{} at {at}", kernel.name());
+                }
+            }
             for kernel in DenseKernel::available() {
                 for threads in [1, 2] {
                     set_threads(threads);

@@ -5,8 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
-use super::packed::Line;
-use super::{Lanes, LANES, PREFETCH_AHEAD};
+use super::{Lanes, Line, LANES, PREFETCH_AHEAD};
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
 /// A format's chunk of 16 values as two vectors of eight f32, widened exactly.

@@ -6,8 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
-use super::packed::Line;
-use super::{Lanes, LANES, PREFETCH_AHEAD};
+use super::{Lanes, Line, LANES, PREFETCH_AHEAD};
 use crate::lane_tree::reduce16;
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 

@@ -126,24 +126,22 @@ pub fn matmul_dense(
         "the {} dense kernel cannot run on this CPU (see DenseKernel::available)",
         kernel.name()
     );
-    let (n, k) = (w.n, w.k);
     let out = Output::new(y);
-    let col = |c: usize| (c * COLUMN_CHUNK).min(n);
-    parallel(n.div_ceil(COLUMN_CHUNK), n * k, &|chunks| {
-        let cols = col(chunks.start)..col(chunks.end);
-        let p = Product {
-            x,
-            rows,
-            k,
-            n,
-            kernel,
-        };
-        match w.values {
-            DenseValues::F32(v) => p.columns::<F32>(v, cols, &out),
-            DenseValues::F16(v) => p.columns::<F16>(v, cols, &out),
-            DenseValues::Bf16(v) => p.columns::<Bf16>(v, cols, &out),
-        }
-    });
+    let p = Product {
+        x,
+        lines: &[],
+        rows,
+        k: w.k,
+        n: w.n,
+        kernel,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if packed::applies(&p) {
+        // the rows aligned once for every thread and block (`packed.rs`)
+        packed::with_lines(x, |lines| Product { lines, ..p }.run(w, &out));
+        return Ok(());
+    }
+    p.run(w, &out);
     Ok(())
 }
 
@@ -160,9 +158,17 @@ pub(crate) fn row(w: DenseWeights<'_>, r: usize, out: &mut [f32]) {
     }
 }
 
+/// Sixteen f32 on one cache line: a packed product's rows and weights (`packed.rs`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Line(pub(crate) [f32; LANES]);
+
 /// One call's shapes and kernel.
+#[derive(Clone, Copy)]
 struct Product<'a> {
     x: &'a [f32],
+    /// `x` as aligned lines, where the product runs packed (empty otherwise).
+    lines: &'a [Line],
     rows: usize,
     k: usize,
     n: usize,
@@ -170,6 +176,20 @@ struct Product<'a> {
 }
 
 impl Product<'_> {
+    /// Every column of `w`, split over the threads in chunks of [`COLUMN_CHUNK`].
+    fn run(&self, w: DenseWeights<'_>, out: &Output) {
+        let n = self.n;
+        let col = |c: usize| (c * COLUMN_CHUNK).min(n);
+        parallel(n.div_ceil(COLUMN_CHUNK), n * self.k, &|chunks| {
+            let cols = col(chunks.start)..col(chunks.end);
+            match w.values {
+                DenseValues::F32(v) => self.columns::<F32>(v, cols, out),
+                DenseValues::F16(v) => self.columns::<F16>(v, cols, out),
+                DenseValues::Bf16(v) => self.columns::<Bf16>(v, cols, out),
+            }
+        });
+    }
+
     /// Output columns `cols` of every row; only those are written, so threads given disjoint
     /// columns share `y`.
     fn columns<F: Kernels>(&self, w: &[F::Raw], cols: std::ops::Range<usize>, y: &Output) {

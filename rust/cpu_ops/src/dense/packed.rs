@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::{avx2, avx512, DenseKernel, Kernels, Product, LANES};
+use super::{avx2, avx512, DenseKernel, Kernels, Line, Product, LANES};
 use crate::threads::Output;
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
@@ -26,14 +26,32 @@ pub(super) const PACK_ROWS: usize = 2 * ROW_TILE;
 /// Packed f32 weights a block holds: a share of a core's L2 cache.
 const PACKED_BLOCK_BYTES: usize = 256 * 1024;
 
-/// Sixteen f32 on one cache line.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-pub(super) struct Line(pub(super) [f32; LANES]);
-
 thread_local! {
-    /// This thread's packed block and row tile, kept across calls.
-    static SCRATCH: RefCell<(Vec<Line>, Vec<Line>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// This thread's packed block, kept across calls.
+    static PACKED: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's aligned copy of a call's rows, kept across calls.
+    static ROWS: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `f` of `x` (whole lines: `k` is a multiple of 16) as aligned lines: `x` itself where it is
+/// aligned, else a copy made once for every thread and block of the call.
+pub(super) fn with_lines<R>(x: &[f32], f: impl FnOnce(&[Line]) -> R) -> R {
+    assert!(x.len().is_multiple_of(LANES));
+    if (x.as_ptr() as usize).is_multiple_of(std::mem::align_of::<Line>()) {
+        // SAFETY: aligned for Line, whole lines of f32, and Line is sixteen f32 (repr(C)).
+        let lines =
+            unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<Line>(), x.len() / LANES) };
+        return f(lines);
+    }
+    ROWS.with(|rows| {
+        let mut rows = rows.borrow_mut();
+        rows.clear();
+        rows.extend(
+            x.chunks_exact(LANES)
+                .map(|c| Line(c.try_into().expect("16 values"))),
+        );
+        f(&rows)
+    })
 }
 
 /// Whether `p` runs packed: enough rows, no tail of inputs, a SIMD kernel.
@@ -45,12 +63,12 @@ pub(super) fn applies(p: &Product<'_>) -> bool {
 pub(super) fn columns<F: Kernels>(p: &Product<'_>, w: &[F::Raw], cols: Range<usize>, y: &Output) {
     let per_column = p.k * std::mem::size_of::<f32>();
     let block = (PACKED_BLOCK_BYTES / per_column).max(COLUMN_GROUP) / COLUMN_GROUP * COLUMN_GROUP;
-    SCRATCH.with(|s| {
-        let (packed, tile) = &mut *s.borrow_mut();
+    PACKED.with(|packed| {
+        let packed = &mut *packed.borrow_mut();
         let mut b = cols.start;
         while b < cols.end {
             let end = (b + block).min(cols.end);
-            run_block::<F>(p, w, b..end, y, packed, tile);
+            run_block::<F>(p, w, b..end, y, packed);
             b = end;
         }
     });
@@ -63,7 +81,6 @@ fn run_block<F: Kernels>(
     cols: Range<usize>,
     y: &Output,
     packed: &mut Vec<Line>,
-    tile_buf: &mut Vec<Line>,
 ) {
     let (k, n) = (p.k, p.n);
     let chunks = k / LANES;
@@ -77,18 +94,11 @@ fn run_block<F: Kernels>(
         let dst = &mut packed[gi * per_group..][..per_group];
         pack::<F>(p.kernel, &w[c0 * k..(c0 + width) * k], k, width, dst);
     }
-    tile_buf.resize(ROW_TILE * chunks, Line([0.0; LANES]));
     let mut sums = [[0.0f32; COLUMN_GROUP]; ROW_TILE];
     let mut r0 = 0;
     while r0 < p.rows {
         let tile = ROW_TILE.min(p.rows - r0);
-        let xt = &mut tile_buf[..tile * chunks];
-        for (line, src) in xt
-            .iter_mut()
-            .zip(p.x[r0 * k..(r0 + tile) * k].chunks_exact(LANES))
-        {
-            line.0.copy_from_slice(src);
-        }
+        let xt = &p.lines[r0 * chunks..(r0 + tile) * chunks];
         for gi in 0..groups {
             let c0 = cols.start + gi * COLUMN_GROUP;
             let width = COLUMN_GROUP.min(cols.end - c0);
@@ -102,7 +112,11 @@ fn run_block<F: Kernels>(
                 _ => unsafe { avx2::packed_sums(xt, tile, chunks, wg, &mut sums) },
             }
             for (r, row) in sums.iter().enumerate().take(tile) {
-                y.set_run((r0 + r) * n + c0, &row[..width]);
+                if width == COLUMN_GROUP {
+                    y.set_array((r0 + r) * n + c0, row);
+                } else {
+                    y.set_run((r0 + r) * n + c0, &row[..width]);
+                }
             }
         }
         r0 += tile;
