@@ -22,6 +22,7 @@ from kvpark.bench import quant_files as qf
 from kvpark.bench import quant_table as table
 from kvpark.bench.client import RequestResult
 from kvpark.bench.report import LevelSummary, RunResult
+from kvpark.bench.suites import quant_types
 from support.tiny_gguf import write_tiny
 
 
@@ -201,3 +202,34 @@ def test_the_docs_table_has_a_line_per_type() -> None:
     )
     assert lines[3].startswith("| F32 | 87.5 | lean | 66.0 / - | ") and lines[3].endswith("| - |")
     assert row("Q4_0").to_json()["kvpark"]["peak_mib"] == 220.0
+
+
+def test_rounds_take_each_rates_median_and_the_largest_peak() -> None:
+    def figs(
+        single: float | None, agg: float, prefill: float | None, peak: float | None
+    ) -> table.Figures:
+        return table.Figures(single, agg, agg / 8, prefill, peak)
+
+    rounds = [
+        figs(60.0, 200.0, None, 300.0),
+        figs(90.0, 100.0, 700.0, 320.0),
+        figs(None, 150.0, 500.0, None),
+    ]
+    m = table.median_figures(rounds)
+    assert m.single_tok_s == pytest.approx(75.0) and m.aggregate_tok_s == pytest.approx(150.0)
+    assert m.decode_tok_s == pytest.approx(150.0 / 8) and m.prefill_tok_s == pytest.approx(600.0)
+    assert m.peak_mib == 320.0
+    none = table.median_figures([table.Figures(None, None, None, None, None)])
+    assert none == table.Figures(None, None, None, None, None)
+
+
+def test_rounds_alternate_which_server_goes_first() -> None:
+    labels = ["llama-server", "kvpark"]
+    assert quant_types.round_order(labels, 0) == labels
+    assert quant_types.round_order(labels, 1) == ["kvpark", "llama-server"]
+    assert quant_types.round_order(labels, 2) == labels
+    p = quant_types.build_parser()
+    base = ["--scenario", "quant-types"]
+    assert p.parse_args(base).rounds == 1 and p.parse_args([*base, "--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        quant_types.check(p, p.parse_args([*base, "--rounds", "0", "--peer", "none"]))

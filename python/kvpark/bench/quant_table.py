@@ -4,8 +4,9 @@ file, the issue's targets judged kvpark / llama-server per type, and the docs/be
 Per type and server: single-stream decode tok/s (the median over the 1-chat level), aggregate
 tok/s and the median request's decode tok/s at the top level (8 chats), prefill tok/s (the median
 over its requests of prompt tokens / TTFT, a one-token answer to a long prompt) and the peak
-resident memory of the server's process tree. The targets, per type, against llama-server in the
-same run: single stream >= 1.0x, aggregate at 8 chats >= 2.0x, prefill >= 1.0x, peak RSS <= 1.1x.
+resident memory of the server's process tree; over several rounds (``--rounds``), each rate's
+median and the largest peak. The targets, per type, against llama-server in the same run: single
+stream >= 1.0x, aggregate at 8 chats >= 2.0x, prefill >= 1.0x, peak RSS <= 1.1x.
 """
 
 from __future__ import annotations
@@ -83,6 +84,24 @@ def figures(
         decode_tok_s=finite(level.decode_tok_s_p50) if level else None,
         prefill_tok_s=finite((prefill or {}).get("tok_s")),
         peak_mib=peak_mib,
+    )
+
+
+def median_figures(rounds: list[Figures]) -> Figures:
+    """One server's figures over several rounds: each rate the median of the rounds that measured
+    it (None where none did), the peak memory the largest (the target is an upper bound)."""
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return percentile(known, 50) if known else None
+
+    peaks = [f.peak_mib for f in rounds if f.peak_mib is not None]
+    return Figures(
+        single_tok_s=median([f.single_tok_s for f in rounds]),
+        aggregate_tok_s=median([f.aggregate_tok_s for f in rounds]),
+        decode_tok_s=median([f.decode_tok_s for f in rounds]),
+        prefill_tok_s=median([f.prefill_tok_s for f in rounds]),
+        peak_mib=max(peaks) if peaks else None,
     )
 
 

@@ -9,9 +9,12 @@ at 1 and 8 chats (aggregate tok/s, each request's decode tok/s), then the prefil
 one-token answer to each of ``--prefill-repeats`` prompts of ~``--prefill-tokens`` random words on
 ``/v1/completions`` (no chat template, so no two prompts share a prefix that a prefix cache could
 supply; the median of prompt tokens / TTFT), while the server's process tree's peak resident memory
-is sampled over both. Writes ``<out>/<name>.json`` (every run, figure, ratio and verdict, the CPU,
-the llama.cpp build, the files' record, the commands) and ``<out>/<name>.md`` (the docs table);
-server logs go to ``<out>/logs/<type>-<server>.log``. ``--peer none`` measures kvpark alone.
+is sampled over both. ``--rounds N`` measures both servers N times per type, alternating which
+goes first, and takes each rate's median (the largest peak): the shared VM's speed drifts by up to
+2x within minutes, so one round decides no ratio near its target. Writes ``<out>/<name>.json``
+(every run, each round's figures, ratio and verdict, the CPU, the llama.cpp build, the files'
+record, the commands) and ``<out>/<name>.md`` (the docs table); server logs go to
+``<out>/logs/<type>-<server>-<round>.log``. ``--peer none`` measures kvpark alone.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from kvpark.bench.quant_files import RECORD, TYPES, default_dir, parse_types, qu
 from kvpark.bench.quant_table import (
     BASELINE,
     OURS,
+    Figures,
     TypeRow,
     figures,
     format_verdicts,
     judge,
     markdown_rows,
+    median_figures,
     prefill_summary,
 )
 from kvpark.bench.report import write_json
@@ -73,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     # 448 words (~450 tokens) fit llama-server's per-slot context of 4096 / 8 = 512 cells
     p.add_argument("--prefill-tokens", type=int, default=448, help="prefill prompt, in words")
     p.add_argument("--prefill-repeats", type=int, default=5, help="prefill prompts (median)")
+    p.add_argument("--rounds", type=int, default=1, help="both servers this many times per type, "
+                   "alternating which goes first; each rate the median of its rounds")  # fmt: skip
     return p
 
 
@@ -94,26 +101,46 @@ def prefill(target: Target, specs: list[RequestSpec], timeout_s: float) -> list[
     return asyncio.run(go())
 
 
+def round_order(labels: list[str], r: int) -> list[str]:
+    """The servers of round ``r``: as given in even rounds, reversed in odd ones, so that a drift
+    of the machine's speed over a type's rounds weighs on both alike."""
+    return labels if r % 2 == 0 else labels[::-1]
+
+
 def measure_type(
     qtype: str, path: Path, names: list[str], options: BenchOptions, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Every server on one file, one at a time: runs, prefill summaries, peaks, the row."""
+    """Every server on one file, one at a time, ``--rounds`` times: runs, prefill summaries,
+    peaks, each round's figures, the row (each rate's median over the rounds)."""
     planned = commands(args, names, str(path))
     url = f"http://127.0.0.1:{args.port}"
     specs = prefill_specs(args.seed, args.prefill_tokens, args.prefill_repeats)
-    runs, prefills, memory, load, props = [], {}, {}, {}, {}
-    for label, (cmd, ready) in planned.items():
-        print(f"== {qtype} {label}: {' '.join(cmd)}", flush=True)
-        log = args.out / "logs" / f"{qtype}-{label}.log"
-        with measured_server(cmd, url, ready, log) as measured:
-            (result,) = run([Target(url, label)], "sweep", options)
-            prefills[label] = prefill_summary(prefill(Target(url, label), specs, 600.0))
-        assert measured.peak is not None
-        result.extra["peak_memory"] = measured.peak.to_json()
-        memory[label], load[label], props[label] = measured.peak_mib, measured.load, measured.props
-        runs.append(result)
     top = max(options.concurrency)
-    mine = {r.label: figures(r, prefills[r.label], memory[r.label], top) for r in runs}
+    runs: list[Any] = []
+    rounds: list[dict[str, Any]] = []
+    per_label: dict[str, list[Figures]] = {label: [] for label in planned}
+    props: dict[str, Any] = {}
+    for r in range(args.rounds):
+        this_round: dict[str, Any] = {}
+        for label in round_order(list(planned), r):
+            cmd, ready = planned[label]
+            print(f"== {qtype} {label} (round {r + 1} of {args.rounds}): {' '.join(cmd)}",
+                  flush=True)  # fmt: skip
+            log = args.out / "logs" / f"{qtype}-{label}-{r + 1}.log"
+            with measured_server(cmd, url, ready, log) as measured:
+                (result,) = run([Target(url, label)], "sweep", options)
+                summary = prefill_summary(prefill(Target(url, label), specs, 600.0))
+            assert measured.peak is not None
+            result.extra["peak_memory"] = measured.peak.to_json()
+            result.extra["round"] = r + 1
+            props[label] = measured.props
+            found = figures(result, summary, measured.peak_mib, top)
+            per_label[label].append(found)
+            this_round[label] = {"figures": found.__dict__, "prefill": summary,
+                                 "load_average_1m": measured.load}  # fmt: skip
+            runs.append(result)
+        rounds.append(this_round)
+    mine = {label: median_figures(found) for label, found in per_label.items()}
     cpu = props.get(OURS, {}).get("cpu")
     row = TypeRow(
         qtype=qtype,
@@ -123,14 +150,14 @@ def measure_type(
         base=mine.get(BASELINE),
         verdicts=judge(mine[OURS], mine.get(BASELINE), top),
     )
+    first = [run for run in runs if run.extra["round"] == 1]
     return {
         "row": row,
         "file": str(path),
-        "runs": [r.to_json() for r in runs],
-        "comparison": compare(runs, BASELINE) if BASELINE in mine else None,
-        "prefill": prefills,
+        "runs": [run.to_json() for run in runs],
+        "rounds": rounds,
+        "comparison": compare(first, BASELINE) if BASELINE in mine else None,
         "props": props,
-        "load_average_1m": load,
         "commands": {label: cmd for label, (cmd, _) in planned.items()},
     }
 
@@ -149,6 +176,8 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
                 f"of its {args.parallel} slots {slot} cells (--kv-cells / --parallel)")  # fmt: skip
     if not 1 <= args.prefill_repeats <= 64:
         p.error("--prefill-repeats must be within 1..64")
+    if not 1 <= args.rounds <= 9:
+        p.error("--rounds must be within 1..9")
     return peers
 
 
@@ -196,6 +225,7 @@ def main(argv: list[str]) -> int:
         "kv_cells": args.kv_cells, "parallel": args.parallel, "threads": args.threads,
         "prefill": {"words": args.prefill_tokens, "repeats": args.prefill_repeats,
                     "endpoint": "/v1/completions", "max_tokens": 1},
+        "rounds": args.rounds,
         "options": options.to_json(),
     }  # fmt: skip
     if peers:
