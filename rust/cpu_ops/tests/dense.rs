@@ -151,15 +151,18 @@ fn inputs_without_a_tail_give_the_plain_bits() {
     }
 }
 
-/// Prompt-sized products (from 16 rows, inputs without a tail) pack each block of columns into
-/// aligned f32 first (`dense/packed.rs`): the same bits as the plain kernel, and each row's
-/// bits those it has alone (one row is never packed), across tiles, groups of fewer than four
-/// columns, blocks (576 inputs: 112 columns a block), thread splits, and rows aligned in place
-/// or copied.
+/// SIMD products of inputs without a tail read their rows aligned (in place, or copied once a
+/// call), and prompt-sized ones (from 16 rows) pack each block of columns into aligned f32 first
+/// (`dense/packed.rs`): the same bits as the plain kernel, and each row's bits those it has
+/// alone (one row is never packed), across decode tiles (1 to 8 rows), packed tiles, groups of
+/// fewer than four columns, blocks (576 inputs: 112 columns a block), thread splits, and rows
+/// aligned in place or copied.
 #[test]
-fn packed_prompt_rows_give_the_plain_bits_and_each_rows_bits_alone() {
+fn aligned_and_packed_rows_give_the_plain_bits_and_each_rows_bits_alone() {
     let mut seed = 11;
-    for (n, k, rows) in [(13, 64, 16), (6, 16, 23), (130, 576, 37), (230, 576, 17)] {
+    let decode = [(70, 576, 1), (9, 64, 3), (70, 576, 8), (66, 1536, 5)];
+    let prompt = [(13, 64, 16), (6, 16, 23), (130, 576, 37), (230, 576, 17)];
+    for (n, k, rows) in decode.into_iter().chain(prompt) {
         let x = xs(rows, k, &mut seed);
         for format in 0..3 {
             let w = dense(format, n, k, &mut seed);
