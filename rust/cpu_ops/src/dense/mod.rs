@@ -170,6 +170,7 @@ pub(crate) fn row(w: DenseWeights<'_>, r: usize, out: &mut [f32]) {
 #[derive(Clone, Copy)]
 pub(crate) struct Line(pub(crate) [f32; LANES]);
 
+#[cfg(target_arch = "x86_64")]
 impl Line {
     /// `lines` as the f32 they hold, in order.
     pub(crate) fn floats(lines: &[Line]) -> &[f32] {

@@ -56,17 +56,17 @@ thread_local! {
     static GROUP: RefCell<Vec<Block16>> = const { RefCell::new(Vec::new()) };
 }
 
-/// How a kind's block is transposed and corrected.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// 4-bit weights: nibbles as they are, with offsets; no correction.
-    Q4,
-    /// 8-bit weights flipped; a correction of `128 Σ q` per block; offsets or none.
-    Q8 { offset: bool },
-    /// Q6_K's int8 weights flipped; two sums per block (weights 0..16, 16..32), each with its
-    /// scale and its correction.
-    Q6,
-}
+/// How a kind's block is corrected and combined, as a constant of `tile`: a runtime kind there
+/// left a tile's rows rolled up with their accumulators on the stack (a store and a reload per
+/// row and block, a fifth of a Q4_0 prefill's samples on the store).
+const Q4: u8 = 0;
+/// 8-bit weights flipped; a correction of `128 Σ q` per block; no offsets (IQ4's blocks too).
+const Q8: u8 = 1;
+/// As [`Q8`], with offsets.
+const Q8_OFFSET: u8 = 2;
+/// Q6_K's int8 weights flipped; two sums per block (weights 0..16, 16..32), each with its scale
+/// and its correction.
+const Q6: u8 = 3;
 
 /// Whether a call of `rows` rows against `w` takes this kernel for its whole column groups.
 /// `KVPARK_CPU_WIDE=off` keeps the 256-bit kernels (same bits: for measuring), and
@@ -96,44 +96,56 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
         let kind = match w {
             Weights::Q4(w) => {
                 transpose_q4(w, c0, blocks, g);
-                Kind::Q4
+                Q4
             }
             Weights::Q8(w) => {
                 transpose_q8(w, c0, blocks, g);
-                Kind::Q8 {
-                    offset: w.offset.is_some(),
+                if w.offset.is_some() {
+                    Q8_OFFSET
+                } else {
+                    Q8
                 }
             }
             Weights::Q6(w) => {
                 transpose_q6(w, c0, blocks, g);
-                Kind::Q6
+                Q6
             }
             Weights::Iq4(w) => {
                 transpose_iq4(w, c0, blocks, g);
-                Kind::Q8 { offset: false }
+                Q8
             }
             Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
         };
-        let n = w.n();
-        let mut r0 = 0;
-        while r0 + TILE <= a.rows {
-            tile::<TILE>(a, kind, &g[..blocks], r0, y, n, c0);
-            r0 += TILE;
-        }
-        match a.rows - r0 {
-            3 => tile::<3>(a, kind, &g[..blocks], r0, y, n, c0),
-            2 => tile::<2>(a, kind, &g[..blocks], r0, y, n, c0),
-            1 => tile::<1>(a, kind, &g[..blocks], r0, y, n, c0),
-            _ => {}
+        let g = &g[..blocks];
+        match kind {
+            Q4 => tiles::<Q4>(a, g, y, w.n(), c0),
+            Q8 => tiles::<Q8>(a, g, y, w.n(), c0),
+            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0),
+            _ => tiles::<Q6>(a, g, y, w.n(), c0),
         }
     })
 }
 
-/// Rows `r0..r0 + R` against the transposed group `g`.
+/// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`.
 #[inline(always)]
-unsafe fn tile<const R: usize>(
+unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &[Block16], y: &Output, n: usize, c0: usize) {
+    let mut r0 = 0;
+    while r0 + TILE <= a.rows {
+        tile::<TILE, K>(a, g, r0, y, n, c0);
+        r0 += TILE;
+    }
+    match a.rows - r0 {
+        3 => tile::<3, K>(a, g, r0, y, n, c0),
+        2 => tile::<2, K>(a, g, r0, y, n, c0),
+        1 => tile::<1, K>(a, g, r0, y, n, c0),
+        _ => {}
+    }
+}
+
+/// Rows `r0..r0 + R` against the transposed group `g` of kind `K`.
+#[inline(always)]
+unsafe fn tile<const R: usize, const K: u8>(
     a: &Activations<'_>,
-    kind: Kind,
     g: &[Block16],
     r0: usize,
     y: &Output,
@@ -159,22 +171,22 @@ unsafe fn tile<const R: usize>(
                 }
                 let d = _mm512_set1_ps(*a.d.as_ptr().add(at[r] + b));
                 let acc = &mut acc[r];
-                match kind {
-                    Kind::Q4 => {
+                match K {
+                    Q4 => {
                         let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.scale[0], d), isum, *acc);
                         let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.offset, d), sum, *acc);
                     }
-                    Kind::Q8 { offset } => {
+                    Q8 | Q8_OFFSET => {
                         let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
                         let isum = corrected(_mm512_add_epi32(s0, s1), sum);
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.scale[0], d), isum, *acc);
-                        if offset {
+                        if K == Q8_OFFSET {
                             *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.offset, d), sum, *acc);
                         }
                     }
-                    Kind::Q6 => {
+                    _ => {
                         let lo = corrected(s0, _mm512_set1_ps(*a.lo.as_ptr().add(at[r] + b)));
                         let hi = corrected(s1, _mm512_set1_ps(*a.hi.as_ptr().add(at[r] + b)));
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.scale[0], d), lo, *acc);
