@@ -9,6 +9,8 @@ were registered first, so they wait in the cache) change no bit, and every cell 
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,11 +35,12 @@ RUNNERS = ["lean", "torch"]
 
 
 @pytest.fixture(scope="module")
-def mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("mistral")
     tokenizer = Tokenizer.from_gguf_metadata(GgufFile(default_model_path()).metadata)
     save_arch("mistral", tokenizer, root)
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)  # ~100 MB (the real vocabulary)
 
 
 def make(

@@ -10,6 +10,8 @@ spaces comes back.
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,11 +45,14 @@ RUNNERS = ["lean", "torch"]
 
 
 @pytest.fixture(scope="module", params=["gemma2", "gemma3"])
-def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gemma(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
     root = tmp_path_factory.mktemp(request.param)
     tokenizer = Tokenizer.from_gguf_metadata(GgufFile(default_model_path()).metadata)
     save_arch(request.param, tokenizer, root)
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)  # ~100 MB a model (the real vocabulary)
 
 
 def make(

@@ -160,6 +160,42 @@ def test_admission_counts_the_fork_copies_of_a_whole_prompt() -> None:
     assert [r.request_id for r in beside.waiting] == ["b"]
 
 
+def test_a_later_admission_leaves_the_cells_an_earlier_fork_copies_into() -> None:
+    # 5 pages of 16: a (n=3, 20 rows) takes 2 pages and is promised 2 copies; b (20 rows, 2
+    # pages and a page of headroom for a) would fit the 3 free pages were the copies not counted
+    sched = make(kv_cells=80, page_size=16, budget=64)
+    sched.add(request("a", 20, n=3))
+    sched.add(request("b", 20))
+    plan, outcome = sched.schedule()
+    assert outcome.failed == []
+    assert [r.request_id for r in sched.running] == ["a"]
+    assert [r.request_id for r in sched.waiting] == ["b"]
+    advance(sched, plan)  # the fork: a PoolFullError here is a request failed for nothing
+    assert len(sched.running[0].sequences) == 3
+    sched.pool.check_integrity()
+
+
+def test_a_later_chunk_leaves_the_cells_an_earlier_fork_copies_into() -> None:
+    # 8 pages of 16; a (n=3) and b both hold 2 pages mid-prompt. a's last 8 rows take a third
+    # page and its fork 2 copies of it; b's chunk after it in the same step may take only the
+    # one page left beside those copies, not the 2 its 32 rows want
+    sched = make(kv_cells=128, page_size=16, budget=32)
+    sched.add(request("a", 40, n=3))
+    sched.add(request("b", 64))
+    plan, _ = sched.schedule()  # a's first 32 rows
+    advance(sched, plan)
+    a = sched.running[0]
+    plan, _ = sched.schedule(rows={a.sequences[0].seq_id: 0})  # b's first 32
+    advance(sched, plan)
+    b = sched.running[1]
+    plan, _ = sched.schedule(rows={a.sequences[0].seq_id: 8, b.sequences[0].seq_id: 32})
+    assert [len(i.token_ids) for i in plan.items] == [8, 16]
+    advance(sched, plan)  # a forks into the 2 pages its copies were promised
+    assert len(a.sequences) == 3 and b.sequences[0].num_computed == 48
+    assert sched.pool.cells_free() == 0
+    sched.pool.check_integrity()
+
+
 def test_the_last_chunk_of_an_n_prompt_reports_the_fork_pages_it_lacks() -> None:
     sched = make(kv_cells=96, budget=32)
     sched.add(request("a", 30))

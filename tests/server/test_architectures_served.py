@@ -6,6 +6,7 @@ prefix cache, which reports the prompt it found; every cell comes back after."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,6 +42,7 @@ def server(
         yield s
     finally:
         stop_server(s)
+        shutil.rmtree(root, ignore_errors=True)  # ~100 MB a model (the real vocabulary)
 
 
 def ask(server: Server, text: str) -> tuple[list[tuple[str, float]], int]:

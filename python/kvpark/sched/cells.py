@@ -131,11 +131,13 @@ class StepCells:
         # sized never to run short (window_space.py); were it to, the rows wait as for the pool
         return self.space is None or self.space.reserve(seq.seq_id, seq.num_computed + rows)
 
-    def fit_rows(self, seq: Sequence, rows: int) -> int:
-        """Reserve cells for up to ``rows`` rows of ``seq``; returns how many rows got cells."""
-        if self.reserve(seq, rows):
+    def fit_rows(self, seq: Sequence, rows: int, keep: int = 0) -> int:
+        """Reserve cells for up to ``rows`` rows of ``seq``, leaving ``keep`` cells free (whole
+        pages, promised to this step's forks); returns how many rows got cells."""
+        new = self.pool.pages_needed(seq.seq_id, seq.num_computed + rows) * self.page_size
+        if self.pool.can_fit(keep + new) and self.reserve(seq, rows):
             return rows
-        spare = self.pool.cells_free() + self._tail_room(seq)
+        spare = self.pool.cells_free() - keep + self._tail_room(seq)
         rows = min(rows, spare)
         if rows > 0 and self.reserve(seq, rows):
             return rows
@@ -145,11 +147,12 @@ class StepCells:
         held = self.pool.seq_len(seq.seq_id)
         return (-held) % self.page_size
 
-    def admission_fits(self, cells: int, running: list[Request]) -> bool:
-        """Whether a new sequence taking ``cells`` free or cached cells fits now."""
+    def admission_fits(self, cells: int, running: list[Request], promised: int = 0) -> bool:
+        """Whether a new sequence taking ``cells`` free or cached cells fits now, beside the
+        ``promised`` cells this step's forks will copy into."""
         # keep a page of headroom for every decoding sequence, so admitting does not starve them
         decoding = sum(len(r.live_sequences) for r in running)
-        return self.pool.can_fit(cells + decoding * self.page_size)
+        return self.pool.can_fit(cells + promised + decoding * self.page_size)
 
     def decode_shortfall(
         self, rows: dict[int, int], by_seq: dict[int, tuple[Request, Sequence]]
@@ -169,6 +172,13 @@ class StepCells:
         """Pages the last prompt chunk and the fork after it take."""
         copies = self.fork_copy_cells(req.params.n - len(req.sequences) + 1, len(seq.tokens))
         return self.pool.pages_needed(seq.seq_id, len(seq.tokens)) + copies // self.page_size
+
+    def forks_after(self, req: Request, seq: Sequence, rows: int) -> int:
+        """The cells the fork copies when ``rows`` rows of ``seq`` run: its ``n > 1`` prompt's
+        last rows (0 for any other chunk)."""
+        if rows < seq.pending_rows or len(req.sequences) >= req.params.n:
+            return 0
+        return self.fork_copy_cells(req.params.n - len(req.sequences) + 1, len(seq.tokens))
 
     def fork_copy_cells(self, n: int, prompt_len: int) -> int:
         """Cells the fork of a ``prompt_len`` prompt into ``n`` choices copies: each child takes

@@ -200,16 +200,20 @@ class Scheduler(Parks):
             else:
                 items += decodes
         budget = self.config.max_batch_tokens - len(items)
+        # the cells the forks of n > 1 prompts finishing this step will copy into: no later chunk
+        # or admission of the step may take them (the fork runs after the step, and would fail)
+        promised = 0
         for req in self.running:
             seq = req.sequences[0]
             want = min(rows.get(seq.seq_id, 0), budget)
             if seq.pending_rows > 1 and want > 0:
-                got = self.cells.fit_rows(seq, want)
+                got = self.cells.fit_rows(seq, want, keep=promised)
                 if got > 0:
+                    promised += self.cells.forks_after(req, seq, got)
                     items.append(step_item(seq, got))
                     budget -= got
         if not stalled:  # a newcomer would take the cells a stalled decode waits for
-            self._admit(items, budget, outcome)
+            self._admit(items, budget, outcome, promised)
         elif not items and not self.transferring:
             # a real overflow: nothing runs that could free a cell, so the newest stalled
             # request fails and the others wait for its cells
@@ -217,7 +221,9 @@ class Scheduler(Parks):
             self.release(stalled[-1])
         return self._export(items), outcome
 
-    def _admit(self, items: list[StepItem], budget: int, outcome: StepOutcome) -> None:
+    def _admit(
+        self, items: list[StepItem], budget: int, outcome: StepOutcome, promised: int
+    ) -> None:
         """FIFO admission: a head that does not fit blocks the queue, and so does a parked request
         (parked requests come back before anyone new is let in)."""
         while budget > 0 and not self.parked and not self.transferring:
@@ -236,7 +242,7 @@ class Scheduler(Parks):
                 need = min(need, self.cells.window_cells(rows))
             if hit + rows == len(prompt):  # the whole prompt this step: its fork copies too
                 need += self.cells.fork_copy_cells(req.params.n, len(prompt))
-            if not self.cells.admission_fits(need, self.running):
+            if not self.cells.admission_fits(need, self.running, promised):
                 if not self.running and not items:
                     self.waiting.pop_head()
                     outcome.failed.append(req)  # cannot fit even an empty pool
@@ -253,7 +259,8 @@ class Scheduler(Parks):
             req.sequences = [seq]
             req.state = RequestState.RUNNING
             self.running.append(req)
-            rows = self.cells.fit_rows(seq, rows)
+            rows = self.cells.fit_rows(seq, rows, keep=promised)
+            promised += self.cells.forks_after(req, seq, rows)
             items.append(step_item(seq, rows))
             budget -= rows
 
