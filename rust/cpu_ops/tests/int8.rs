@@ -93,8 +93,9 @@ proptest! {
     }
 }
 
-/// Sixteen columns side by side (AVX-512 VNNI's `wide.rs`, from two rows): every kind, whole
-/// groups beside a tail of columns, tiles of four rows beside a remainder, a block count that
+/// Sixteen columns side by side (AVX-512 VNNI's `wide.rs`, from two rows) and eight (AVX2's
+/// `wide_avx2.rs`: Q6 from two rows, Q8 from sixteen): every kind, whole groups beside a tail of
+/// columns, tiles of four rows beside a remainder, a block count that
 /// leaves the eight lanes uneven, a longer row after a shorter one (the per-thread transposed
 /// group grows) and a shorter after it: the plain bits, on one thread and on three.
 #[test]
@@ -107,6 +108,8 @@ fn sixteen_columns_side_by_side_give_the_plain_bits() {
             (7, 48, 65),
             (3, 33, 18),
             (9, 16, 7),
+            (17, 29, 9),
+            (16, 8, 48),
         ] {
             let k = blocks * BLOCK;
             let m = matrix(kind, n, k, &mut s);

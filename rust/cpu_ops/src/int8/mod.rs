@@ -99,6 +99,8 @@ mod simd;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod wide;
+#[cfg(target_arch = "x86_64")]
+mod wide_avx2;
 
 pub use scratch::{I8Scratch, QuantisedRow};
 
@@ -264,6 +266,14 @@ pub fn matmul_i8(
                         c += wide::COLUMNS;
                     }
                 }
+                #[cfg(target_arch = "x86_64")]
+                if kernel == I8Kernel::Avx2 && wide_avx2::takes(a.rows, &w) {
+                    while c + wide_avx2::COLUMNS <= cols.end {
+                        // SAFETY: as above, with AVX2 and FMA.
+                        unsafe { wide_avx2::group(&a, w, c, &out) };
+                        c += wide_avx2::COLUMNS;
+                    }
+                }
                 // the rest on q8 blocks expanded a few columns at a time
                 crate::iq4::expanded_columns(iq4, a.rows, c..cols.end, &out, &|w, c, y| {
                     columns(kernel, &a, w, c, y)
@@ -311,6 +321,18 @@ fn columns(
             // matrix and `a` was quantised for `w`.
             unsafe { wide::group(a, w, c, y) };
             c += wide::COLUMNS;
+        }
+        return columns_one_by_one(kernel, a, w, c..cols.end, y);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel == I8Kernel::Avx2 && wide_avx2::takes(a.rows, &w) {
+        // the same on AVX2, eight columns a group
+        let mut c = cols.start;
+        while c + wide_avx2::COLUMNS <= cols.end {
+            // SAFETY: the kernel runs here (matmul_i8 checked: AVX2 and FMA), the group lies
+            // inside the matrix and `a` was quantised for `w`.
+            unsafe { wide_avx2::group(a, w, c, y) };
+            c += wide_avx2::COLUMNS;
         }
         return columns_one_by_one(kernel, a, w, c..cols.end, y);
     }

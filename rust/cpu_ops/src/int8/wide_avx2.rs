@@ -1,0 +1,343 @@
+//! The AVX2 int8 kernel for several rows of the signed block kinds (Q8, Q6, IQ4): `wide.rs` on
+//! 256-bit vectors and without VNNI, eight output columns side by side in one vector, a tile of
+//! rows against each block's operands.
+//!
+//! Why: before it, those kinds' rows took the column kernels (`simd.rs`, `q6.rs`, IQ4 expanded
+//! into q8 blocks first), which end every (row, block, column) in a horizontal reduction: two
+//! thirds of an AVX2 Q8_0 prefill, at a third of the rate of 4-bit weights. Here each of a block's
+//! operand vectors is loaded once for a tile of [`TILE`] rows, and the rows' activation quads
+//! come as broadcasts: 1.5-1.9x the column kernels' rate at prompt sizes, 1.1-1.5x for Q6 and IQ4
+//! at two to eight rows (docs/cpu-kernels.md). 4-bit weights keep `side_by_side.rs`, which is as fast for them: their
+//! block is eight `vpmaddubsw` summed in i16 and one widening, bound by the multiplier ports
+//! either way.
+//!
+//! Per call and group of [`COLUMNS`] columns, every block of the group is transposed once into a
+//! per-thread buffer ([`Block8`]): vector `j` holds weights `4j..4j + 4` of each column as `|w|`
+//! (u8), beside the signed `w` (IQ4's nibbles looked up in its table first). AVX2's `vpmaddubsw`
+//! multiplies u8 by i8 and adds pairs into i16, saturating; `|w| · (q · sign(w)) = w q`
+//! (`vpsignb` on the broadcast activations) is at most `2 · 128 · 127` a pair, so each quad is
+//! widened to i32 on its own (`vpmaddwd` by ones). Every integer sum is exact, and the float
+//! combine is `int8`'s, block by block in lane order (blocks `l, l + 8, ...` into accumulator
+//! `l`, the eight added in `plain::hsum`'s tree): the bits are `plain.rs`'s (the tests check it).
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use super::{Activations, LANES};
+use crate::iq4::IQ4_TABLE;
+use crate::threads::Output;
+use crate::weights::{Iq4Weights, Q6Weights, Q8Weights, Weights, BLOCK};
+
+/// Columns per group: the eight i32 (or f32) lanes of a 256-bit vector.
+pub(super) const COLUMNS: usize = 8;
+/// Rows multiplied together against one block's operands (each row holds an integer and a float
+/// accumulator: with the operands, the broadcasts and the ones, 13 of the 16 registers).
+const TILE: usize = 4;
+/// Rows from which a call takes this kernel for Q6 and IQ4: below it the transposition costs
+/// more than the column kernels' reductions it saves.
+pub(super) const MIN_ROWS: usize = 2;
+/// The same for Q8, whose column kernel has no de-interleaving or table to pay for: at eight rows
+/// it is as fast as this one (0.9-1.2x its rate by shape), at prompt sizes not.
+const MIN_ROWS_Q8: usize = 16;
+
+/// One block of a group, transposed.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Block8 {
+    /// Vector `j`: weights `4j..4j + 4` of each column as `|w|` (u8).
+    quads: [__m256i; 8],
+    /// The same weights as they are, whose signs the activations take.
+    signs: [__m256i; 8],
+    /// Each column's scale; Q6's two (weights 0..16, then 16..32).
+    scale: [__m256; 2],
+    /// Each column's offset (0 where the kind has none; never read then).
+    offset: __m256,
+}
+
+thread_local! {
+    /// The transposed group, reused by every call on this thread.
+    static GROUP: RefCell<Vec<Block8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How a kind's block is combined, a constant of `tile` (as in `wide.rs`: a runtime kind leaves a
+/// tile's accumulators on the stack). Signed 8-bit weights (IQ4's blocks too), no offsets.
+const Q8: u8 = 1;
+/// As [`Q8`], with offsets.
+const Q8_OFFSET: u8 = 2;
+/// Q6_K's int8 weights: two sums per block (weights 0..16, 16..32), each with its scale.
+const Q6: u8 = 3;
+
+/// Whether a call of `rows` rows against `w` takes this kernel for its whole column groups.
+/// `KVPARK_CPU_WIDE=off` keeps the column kernels (same bits: for measuring), and so does
+/// `KVPARK_CPU_SIDE_BY_SIDE=off`.
+pub(super) fn takes(rows: usize, w: &Weights<'_>) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("KVPARK_CPU_WIDE").as_deref() != Ok("off"));
+    let least = match w {
+        Weights::Q6(_) | Weights::Iq4(_) => MIN_ROWS,
+        Weights::Q8(_) => MIN_ROWS_Q8,
+        Weights::Q4(_) | Weights::Dense(_) => return false,
+    };
+    on && super::side_by_side::enabled() && rows >= least
+}
+
+/// Output columns `c0..c0 + COLUMNS` of every row of `a` into `y` (`[rows, n]`).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `c0 + COLUMNS <= w.n()`; `a` was quantised for `w`
+/// (`a.k == w.k()`).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
+    let blocks = a.k / BLOCK;
+    assert!(c0 + COLUMNS <= w.n() && a.k == w.k() && a.padded.is_multiple_of(LANES));
+    assert!(a.q.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
+    GROUP.with_borrow_mut(|g| {
+        if g.len() < blocks {
+            // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
+            g.resize(blocks, std::mem::zeroed());
+        }
+        let kind = match w {
+            Weights::Q4(_) | Weights::Dense(_) => unreachable!("`takes` refuses them"),
+            Weights::Q8(w) => {
+                transpose_q8(w, c0, blocks, g);
+                if w.offset.is_some() {
+                    Q8_OFFSET
+                } else {
+                    Q8
+                }
+            }
+            Weights::Q6(w) => {
+                transpose_q6(w, c0, blocks, g);
+                Q6
+            }
+            Weights::Iq4(w) => {
+                transpose_iq4(w, c0, blocks, g);
+                Q8
+            }
+        };
+        let g = &g[..blocks];
+        match kind {
+            Q8 => tiles::<Q8>(a, g, y, w.n(), c0),
+            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0),
+            _ => tiles::<Q6>(a, g, y, w.n(), c0),
+        }
+    })
+}
+
+/// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`.
+#[inline(always)]
+unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &[Block8], y: &Output, n: usize, c0: usize) {
+    let mut r0 = 0;
+    while r0 + TILE <= a.rows {
+        tile::<TILE, K>(a, g, r0, y, n, c0);
+        r0 += TILE;
+    }
+    match a.rows - r0 {
+        3 => tile::<3, K>(a, g, r0, y, n, c0),
+        2 => tile::<2, K>(a, g, r0, y, n, c0),
+        1 => tile::<1, K>(a, g, r0, y, n, c0),
+        _ => {}
+    }
+}
+
+/// Rows `r0..r0 + R` against the transposed group `g` of kind `K`.
+#[inline(always)]
+unsafe fn tile<const R: usize, const K: u8>(
+    a: &Activations<'_>,
+    g: &[Block8],
+    r0: usize,
+    y: &Output,
+    n: usize,
+    c0: usize,
+) {
+    let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
+    let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
+    let ones = _mm256_set1_epi16(1);
+    let mut lanes = [[_mm256_setzero_ps(); LANES]; R];
+    for l in 0..LANES {
+        let mut acc = [_mm256_setzero_ps(); R];
+        // a padding block (b >= blocks) would add +0 to a lane that is never -0: skipped
+        for (b, blk) in g.iter().enumerate().skip(l).step_by(LANES) {
+            // a row's block scale, broadcast where it is used: kept in registers for the tile
+            // they would push the accumulators onto the stack
+            let d = |r: usize| _mm256_set1_ps(*a.d.as_ptr().add(at[r] + b));
+            // the signed kinds: each quad widened to i32 on its own; Q6 combines each half
+            // (weights 0..16, then 16..32) as soon as its four quads are in
+            let mut dots = [_mm256_setzero_si256(); R];
+            for j in 0..8 {
+                let (u, s) = (blk.quads[j], blk.signs[j]);
+                for r in 0..R {
+                    let x = _mm256_sign_epi8(quad(xq[r].add(b * BLOCK), j), s);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones);
+                    dots[r] = _mm256_add_epi32(dots[r], p);
+                }
+                if K == Q6 && j % 4 == 3 {
+                    for r in 0..R {
+                        let isum = _mm256_cvtepi32_ps(dots[r]);
+                        let scale = _mm256_mul_ps(blk.scale[j / 4], d(r));
+                        acc[r] = _mm256_fmadd_ps(scale, isum, acc[r]);
+                        dots[r] = _mm256_setzero_si256();
+                    }
+                }
+            }
+            if K != Q6 {
+                for r in 0..R {
+                    let isum = _mm256_cvtepi32_ps(dots[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(blk.scale[0], d(r)), isum, acc[r]);
+                    if K == Q8_OFFSET {
+                        let sum = _mm256_set1_ps(*a.sum.as_ptr().add(at[r] + b));
+                        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(blk.offset, d(r)), sum, acc[r]);
+                    }
+                }
+            }
+        }
+        for (lanes, acc) in lanes.iter_mut().zip(acc) {
+            lanes[l] = acc;
+        }
+    }
+    for (r, l) in lanes.iter().enumerate() {
+        // plain::hsum's tree, eight columns at once
+        let v = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+            _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
+        );
+        let mut out = [0.0f32; COLUMNS];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        y.set_array((r0 + r) * n + c0, &out);
+    }
+}
+
+/// Activation quad `j` (bytes `4j..4j + 4` of the block at `x`) in every lane.
+#[inline(always)]
+unsafe fn quad(x: *const i8, j: usize) -> __m256i {
+    _mm256_set1_epi32((x.add(4 * j) as *const i32).read_unaligned())
+}
+
+/// The eight columns' value of block `b` from `p` (`[n, blocks * per]`, column `c`'s block `b`
+/// at `c * blocks * per + b * per + h`).
+#[inline(always)]
+unsafe fn gather(
+    p: *const f32,
+    c0: usize,
+    blocks: usize,
+    per: usize,
+    b: usize,
+    h: usize,
+) -> __m256 {
+    let stride = (blocks * per) as i32;
+    let index = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(stride),
+    );
+    _mm256_i32gather_ps::<4>(p.add(c0 * blocks * per + b * per + h), index)
+}
+
+/// Asks for the next group's `bytes` (contiguous after this group's) to be fetched, a share
+/// per block so the requests spread over the transposition.
+#[inline(always)]
+fn prefetch_next(p: *const u8, group_bytes: usize, b: usize, blocks: usize) {
+    let share = group_bytes.div_ceil(blocks).next_multiple_of(64);
+    let next = p.wrapping_add(group_bytes);
+    for line in (b * share..((b + 1) * share).min(group_bytes)).step_by(64) {
+        // SAFETY: a prefetch never faults, and wrapping_add forms the address without UB.
+        unsafe { _mm_prefetch(next.wrapping_add(line) as *const i8, _MM_HINT_T0) };
+    }
+}
+
+/// Block `b` of the group's 4-bit columns (16 bytes each, byte `i` holding weight `i` in its
+/// low nibble and `i + 16` in its high one) as four vectors: vector `t` = bytes `4t..4t + 4` of
+/// columns 0..8.
+#[inline(always)]
+unsafe fn nibble_quads(group: *const u8, blocks: usize, b: usize) -> [__m256i; 4] {
+    let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
+    // column i in the low half, i + 4 in the high half; then a 4 x 4 transpose of u32 per half
+    let v: [__m256i; 4] = std::array::from_fn(|i| _mm256_set_m128i(col(i + 4), col(i)));
+    transpose4(v)
+}
+
+/// IQ4: each nibble looked up in the table (`vpshufb`) into its int8 weight: the q8 blocks the
+/// table gives.
+#[inline(always)]
+unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
+    let group = w.qs.as_ptr().add(c0 * blocks * 16);
+    let mask = _mm256_set1_epi8(0x0f);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_TABLE.as_ptr().cast()));
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        prefetch_next(group, COLUMNS * blocks * 16, b, blocks);
+        for (i, t) in nibble_quads(group, blocks, b).iter().enumerate() {
+            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(*t, mask));
+            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(*t), mask));
+            set_signed(blk, i, lo);
+            set_signed(blk, 4 + i, hi);
+        }
+        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
+    }
+}
+
+/// Q8: column `c`'s block `b` is 32 int8.
+#[inline(always)]
+unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
+    transpose_bytes(w.qs.as_ptr(), c0, blocks, g);
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
+        if let Some(o) = w.offset {
+            blk.offset = gather(o.as_ptr(), c0, blocks, 1, b, 0);
+        }
+    }
+}
+
+/// Q6: 32 int8 per block as Q8, and two scales per block.
+#[inline(always)]
+unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
+    transpose_bytes(w.qs.as_ptr(), c0, blocks, g);
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
+        blk.scale[1] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 1);
+    }
+}
+
+/// 32 int8 per column block into eight vectors of quads, as `|w|` and `w`.
+#[inline(always)]
+unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8]) {
+    let group = qs.add(c0 * blocks * BLOCK);
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
+        let col =
+            |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
+        // per 128-bit half a 4 x 4 transpose of u32, rows 0-3 and rows 4-7 apart: half h of
+        // `low[t]` holds quad t + 4h of columns 0..4, of `high[t]` of columns 4..8
+        let low = transpose4(std::array::from_fn(col));
+        let high = transpose4(std::array::from_fn(|i| col(4 + i)));
+        for t in 0..4 {
+            set_signed(blk, t, _mm256_permute2x128_si256::<0x20>(low[t], high[t]));
+            set_signed(
+                blk,
+                4 + t,
+                _mm256_permute2x128_si256::<0x31>(low[t], high[t]),
+            );
+        }
+    }
+}
+
+/// Operand `j` of a signed kind's block: `|w|` (as u8: 128 for -128) and `w`.
+#[inline(always)]
+unsafe fn set_signed(blk: &mut Block8, j: usize, w: __m256i) {
+    blk.quads[j] = _mm256_abs_epi8(w);
+    blk.signs[j] = w;
+}
+
+/// Per 128-bit half, the transpose of the 4 x 4 matrix of u32 whose rows are the four vectors.
+#[inline(always)]
+unsafe fn transpose4(v: [__m256i; 4]) -> [__m256i; 4] {
+    let lo01 = _mm256_unpacklo_epi32(v[0], v[1]);
+    let hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
+    let lo23 = _mm256_unpacklo_epi32(v[2], v[3]);
+    let hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
+    [
+        _mm256_unpacklo_epi64(lo01, lo23),
+        _mm256_unpackhi_epi64(lo01, lo23),
+        _mm256_unpacklo_epi64(hi01, hi23),
+        _mm256_unpackhi_epi64(hi01, hi23),
+    ]
+}
