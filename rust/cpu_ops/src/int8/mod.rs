@@ -267,7 +267,7 @@ pub fn matmul_i8(
                     }
                 }
                 #[cfg(target_arch = "x86_64")]
-                if kernel == I8Kernel::Avx2 && wide_avx2::takes(a.rows, &w) {
+                if kernel == I8Kernel::Avx2 && wide_avx2::takes(&a, &w) {
                     while c + wide_avx2::COLUMNS <= cols.end {
                         // SAFETY: as above, with AVX2 and FMA.
                         unsafe { wide_avx2::group(&a, w, c, &out) };
@@ -302,6 +302,8 @@ pub(crate) struct Activations<'a> {
     pub padded: usize,
     /// One row's `q` in the order of `one_row.rs` (empty for more rows, or off).
     pub pairs: &'a [i8],
+    /// `[rows, k]`: `q` as i16 for `wide_avx2.rs` (empty but for several rows on AVX2).
+    pub q16: &'a [i16],
 }
 
 /// Output columns `cols` of every row, on `kernel` (which [`matmul_i8`] checked runs here).
@@ -325,7 +327,7 @@ fn columns(
         return columns_one_by_one(kernel, a, w, c..cols.end, y);
     }
     #[cfg(target_arch = "x86_64")]
-    if kernel == I8Kernel::Avx2 && wide_avx2::takes(a.rows, &w) {
+    if kernel == I8Kernel::Avx2 && wide_avx2::takes(a, &w) {
         // the same on AVX2, eight columns a group
         let mut c = cols.start;
         while c + wide_avx2::COLUMNS <= cols.end {

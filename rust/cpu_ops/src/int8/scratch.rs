@@ -23,6 +23,8 @@ pub struct I8Scratch {
     hi: Vec<f32>,
     /// One row's `q` laid out for `one_row.rs`; empty unless one row and a SIMD kernel.
     pairs: Vec<i8>,
+    /// `q` as i16, for `wide_avx2.rs`; empty unless several rows on the AVX2 kernel.
+    q16: Vec<i16>,
     /// Whether one row takes `one_row.rs` (None: unless `KVPARK_CPU_ONE_ROW=off`).
     one_row: Option<bool>,
     rows: usize,
@@ -84,6 +86,10 @@ impl I8Scratch {
             sum[k / BLOCK..].fill(0.0);
         }
         half_sums(&self.q, k, &mut self.lo, &mut self.hi);
+        self.q16.clear();
+        if rows >= 2 && kernel == I8Kernel::Avx2 {
+            self.q16.extend(self.q.iter().map(|v| i16::from(*v)));
+        }
         self.pairs.clear();
         #[cfg(target_arch = "x86_64")]
         if rows == 1
@@ -131,6 +137,7 @@ impl I8Scratch {
             k: self.k,
             padded,
             pairs: &self.pairs,
+            q16: &self.q16,
         }
     }
 }

@@ -5,20 +5,21 @@
 //! Why: before it, those kinds' rows took the column kernels (`simd.rs`, `q6.rs`, IQ4 expanded
 //! into q8 blocks first), which end every (row, block, column) in a horizontal reduction: two
 //! thirds of an AVX2 Q8_0 prefill, at a third of the rate of 4-bit weights. Here each of a block's
-//! operand vectors is loaded once for a tile of [`TILE`] rows, and the rows' activation quads
-//! come as broadcasts: 1.5-1.9x the column kernels' rate at prompt sizes, 1.1-1.5x for Q6 and IQ4
-//! at two to eight rows (docs/cpu-kernels.md). 4-bit weights keep `side_by_side.rs`, which is as fast for them: their
-//! block is eight `vpmaddubsw` summed in i16 and one widening, bound by the multiplier ports
-//! either way.
+//! operand vectors is loaded once for a tile of [`TILE`] rows, and the rows' activations come as
+//! broadcasts (docs/cpu-kernels.md has the rates). 4-bit weights keep `side_by_side.rs`, which is
+//! as fast for them: their block is eight `vpmaddubsw` summed in i16 and one widening, bound by
+//! the multiplier ports either way.
 //!
-//! Per call and group of [`COLUMNS`] columns, every block of the group is transposed once into a
-//! per-thread buffer ([`Block8`]): vector `j` holds weights `4j..4j + 4` of each column as `|w|`
-//! (u8), beside the signed `w` (IQ4's nibbles looked up in its table first). AVX2's `vpmaddubsw`
-//! multiplies u8 by i8 and adds pairs into i16, saturating; `|w| · (q · sign(w)) = w q`
-//! (`vpsignb` on the broadcast activations) is at most `2 · 128 · 127` a pair, so each quad is
-//! widened to i32 on its own (`vpmaddwd` by ones). Every integer sum is exact, and the float
-//! combine is `int8`'s, block by block in lane order (blocks `l, l + 8, ...` into accumulator
-//! `l`, the eight added in `plain::hsum`'s tree): the bits are `plain.rs`'s (the tests check it).
+//! AVX2's u8 × i8 `vpmaddubsw` does not fit signed weights: `w + 128` by `q` saturates its i16
+//! pairs, and `|w|` by `q · sign(w)` costs a `vpsignb` and a widening per quad (three multiplier
+//! port operations per 32 products). So both sides go in as i16 and `vpmaddwd` multiplies pairs
+//! into i32 directly, one instruction per 16 products: the quantiser keeps an i16 copy of the
+//! activations for this kernel (`I8Scratch`), and per call each group of eight columns is
+//! transposed once into a per-thread buffer ([`Block8`]): vector `m` of a block holds weights
+//! `2m, 2m + 1` of each column as an i16 pair (IQ4's nibbles looked up in its table first).
+//! Every product and sum is an exact integer (at most `32 · 128 · 127` a block), and the float
+//! combine is `int8`'s, block by block in lane order (blocks `l, l + 8, ...` into accumulator `l`,
+//! the eight added in `plain::hsum`'s tree): the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -32,23 +33,21 @@ use crate::weights::{Iq4Weights, Q6Weights, Q8Weights, Weights, BLOCK};
 /// Columns per group: the eight i32 (or f32) lanes of a 256-bit vector.
 pub(super) const COLUMNS: usize = 8;
 /// Rows multiplied together against one block's operands (each row holds an integer and a float
-/// accumulator: with the operands, the broadcasts and the ones, 13 of the 16 registers).
+/// accumulator: with an operand and a broadcast, 10 of the 16 registers).
 const TILE: usize = 4;
 /// Rows from which a call takes this kernel for Q6 and IQ4: below it the transposition costs
 /// more than the column kernels' reductions it saves.
 pub(super) const MIN_ROWS: usize = 2;
-/// The same for Q8, whose column kernel has no de-interleaving or table to pay for: at eight rows
-/// it is as fast as this one (0.9-1.2x its rate by shape), at prompt sizes not.
-const MIN_ROWS_Q8: usize = 16;
+/// The same for Q8, whose column kernel has no de-interleaving or table to pay for: at four rows
+/// this one ran at 0.86-1.12x its rate by shape, at eight 0.94-1.24x, at prompt sizes 2-2.8x.
+const MIN_ROWS_Q8: usize = 8;
 
 /// One block of a group, transposed.
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Block8 {
-    /// Vector `j`: weights `4j..4j + 4` of each column as `|w|` (u8).
-    quads: [__m256i; 8],
-    /// The same weights as they are, whose signs the activations take.
-    signs: [__m256i; 8],
+    /// Vector `m`: weights `2m, 2m + 1` of each column, an i16 pair per i32 lane.
+    pairs: [__m256i; 16],
     /// Each column's scale; Q6's two (weights 0..16, then 16..32).
     scale: [__m256; 2],
     /// Each column's offset (0 where the kind has none; never read then).
@@ -71,7 +70,7 @@ const Q6: u8 = 3;
 /// Whether a call of `rows` rows against `w` takes this kernel for its whole column groups.
 /// `KVPARK_CPU_WIDE=off` keeps the column kernels (same bits: for measuring), and so does
 /// `KVPARK_CPU_SIDE_BY_SIDE=off`.
-pub(super) fn takes(rows: usize, w: &Weights<'_>) -> bool {
+pub(super) fn takes(a: &Activations<'_>, w: &Weights<'_>) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("KVPARK_CPU_WIDE").as_deref() != Ok("off"));
     let least = match w {
@@ -79,7 +78,7 @@ pub(super) fn takes(rows: usize, w: &Weights<'_>) -> bool {
         Weights::Q8(_) => MIN_ROWS_Q8,
         Weights::Q4(_) | Weights::Dense(_) => return false,
     };
-    on && super::side_by_side::enabled() && rows >= least
+    on && super::side_by_side::enabled() && a.rows >= least && a.q16.len() == a.rows * a.k
 }
 
 /// Output columns `c0..c0 + COLUMNS` of every row of `a` into `y` (`[rows, n]`).
@@ -91,7 +90,7 @@ pub(super) fn takes(rows: usize, w: &Weights<'_>) -> bool {
 pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
     let blocks = a.k / BLOCK;
     assert!(c0 + COLUMNS <= w.n() && a.k == w.k() && a.padded.is_multiple_of(LANES));
-    assert!(a.q.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
+    assert!(a.q16.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
     GROUP.with_borrow_mut(|g| {
         if g.len() < blocks {
             // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
@@ -151,9 +150,8 @@ unsafe fn tile<const R: usize, const K: u8>(
     n: usize,
     c0: usize,
 ) {
-    let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
+    let xq: [*const i16; R] = std::array::from_fn(|r| a.q16.as_ptr().add((r0 + r) * a.k));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
-    let ones = _mm256_set1_epi16(1);
     let mut lanes = [[_mm256_setzero_ps(); LANES]; R];
     for l in 0..LANES {
         let mut acc = [_mm256_setzero_ps(); R];
@@ -162,20 +160,18 @@ unsafe fn tile<const R: usize, const K: u8>(
             // a row's block scale, broadcast where it is used: kept in registers for the tile
             // they would push the accumulators onto the stack
             let d = |r: usize| _mm256_set1_ps(*a.d.as_ptr().add(at[r] + b));
-            // the signed kinds: each quad widened to i32 on its own; Q6 combines each half
-            // (weights 0..16, then 16..32) as soon as its four quads are in
+            // Q6 combines each half (weights 0..16, then 16..32) as soon as its pairs are in
             let mut dots = [_mm256_setzero_si256(); R];
-            for j in 0..8 {
-                let (u, s) = (blk.quads[j], blk.signs[j]);
+            for m in 0..16 {
+                let w = blk.pairs[m];
                 for r in 0..R {
-                    let x = _mm256_sign_epi8(quad(xq[r].add(b * BLOCK), j), s);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones);
-                    dots[r] = _mm256_add_epi32(dots[r], p);
+                    let x = pair(xq[r].add(b * BLOCK), m);
+                    dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(w, x));
                 }
-                if K == Q6 && j % 4 == 3 {
+                if K == Q6 && m % 8 == 7 {
                     for r in 0..R {
                         let isum = _mm256_cvtepi32_ps(dots[r]);
-                        let scale = _mm256_mul_ps(blk.scale[j / 4], d(r));
+                        let scale = _mm256_mul_ps(blk.scale[m / 8], d(r));
                         acc[r] = _mm256_fmadd_ps(scale, isum, acc[r]);
                         dots[r] = _mm256_setzero_si256();
                     }
@@ -208,10 +204,10 @@ unsafe fn tile<const R: usize, const K: u8>(
     }
 }
 
-/// Activation quad `j` (bytes `4j..4j + 4` of the block at `x`) in every lane.
+/// Activation pair `m` (values `2m, 2m + 1` of the block at `x`) in every lane.
 #[inline(always)]
-unsafe fn quad(x: *const i8, j: usize) -> __m256i {
-    _mm256_set1_epi32((x.add(4 * j) as *const i32).read_unaligned())
+unsafe fn pair(x: *const i16, m: usize) -> __m256i {
+    _mm256_set1_epi32((x.add(2 * m) as *const i32).read_unaligned())
 }
 
 /// The eight columns' value of block `b` from `p` (`[n, blocks * per]`, column `c`'s block `b`
@@ -245,32 +241,22 @@ fn prefetch_next(p: *const u8, group_bytes: usize, b: usize, blocks: usize) {
     }
 }
 
-/// Block `b` of the group's 4-bit columns (16 bytes each, byte `i` holding weight `i` in its
-/// low nibble and `i + 16` in its high one) as four vectors: vector `t` = bytes `4t..4t + 4` of
-/// columns 0..8.
-#[inline(always)]
-unsafe fn nibble_quads(group: *const u8, blocks: usize, b: usize) -> [__m256i; 4] {
-    let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
-    // column i in the low half, i + 4 in the high half; then a 4 x 4 transpose of u32 per half
-    let v: [__m256i; 4] = std::array::from_fn(|i| _mm256_set_m128i(col(i + 4), col(i)));
-    transpose4(v)
-}
-
-/// IQ4: each nibble looked up in the table (`vpshufb`) into its int8 weight: the q8 blocks the
-/// table gives.
+/// IQ4: each column's 16 nibble bytes (byte `i`: weight `i` low, `i + 16` high) looked up in
+/// the table (`vpshufb`) into its 32 int8 weights: the q8 blocks the table gives.
 #[inline(always)]
 unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
     let group = w.qs.as_ptr().add(c0 * blocks * 16);
-    let mask = _mm256_set1_epi8(0x0f);
-    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_TABLE.as_ptr().cast()));
+    let mask = _mm_set1_epi8(0x0f);
+    let table = _mm_loadu_si128(IQ4_TABLE.as_ptr().cast());
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         prefetch_next(group, COLUMNS * blocks * 16, b, blocks);
-        for (i, t) in nibble_quads(group, blocks, b).iter().enumerate() {
-            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(*t, mask));
-            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(*t), mask));
-            set_signed(blk, i, lo);
-            set_signed(blk, 4 + i, hi);
-        }
+        let col = |c: usize| {
+            let v = _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
+            let lo = _mm_shuffle_epi8(table, _mm_and_si128(v, mask));
+            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
+            (lo, hi)
+        };
+        set_pairs(blk, std::array::from_fn(col));
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
     }
 }
@@ -297,34 +283,47 @@ unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Bloc
     }
 }
 
-/// 32 int8 per column block into eight vectors of quads, as `|w|` and `w`.
+/// 32 int8 per column block into the block's sixteen vectors of i16 pairs.
 #[inline(always)]
 unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8]) {
     let group = qs.add(c0 * blocks * BLOCK);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
-        let col =
-            |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
-        // per 128-bit half a 4 x 4 transpose of u32, rows 0-3 and rows 4-7 apart: half h of
-        // `low[t]` holds quad t + 4h of columns 0..4, of `high[t]` of columns 4..8
-        let low = transpose4(std::array::from_fn(col));
-        let high = transpose4(std::array::from_fn(|i| col(4 + i)));
-        for t in 0..4 {
-            set_signed(blk, t, _mm256_permute2x128_si256::<0x20>(low[t], high[t]));
-            set_signed(
-                blk,
-                4 + t,
-                _mm256_permute2x128_si256::<0x31>(low[t], high[t]),
-            );
-        }
+        let col = |c: usize| {
+            let p = group.add((c * blocks + b) * BLOCK) as *const __m128i;
+            (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)))
+        };
+        set_pairs(blk, std::array::from_fn(col));
     }
 }
 
-/// Operand `j` of a signed kind's block: `|w|` (as u8: 128 for -128) and `w`.
+/// Each column's 32 int8 weights (two halves of 16) widened to i16 and transposed: pair `m` of
+/// every column into vector `m`.
 #[inline(always)]
-unsafe fn set_signed(blk: &mut Block8, j: usize, w: __m256i) {
-    blk.quads[j] = _mm256_abs_epi8(w);
-    blk.signs[j] = w;
+unsafe fn set_pairs(blk: &mut Block8, cols: [(__m128i, __m128i); COLUMNS]) {
+    // row c of each 8 x 8 matrix of u32: column c's pairs 0..8 (weights 0..16), then 8..16
+    let lo: [__m256i; 8] = std::array::from_fn(|c| _mm256_cvtepi8_epi16(cols[c].0));
+    let hi: [__m256i; 8] = std::array::from_fn(|c| _mm256_cvtepi8_epi16(cols[c].1));
+    let (lo, hi) = (transpose8(lo), transpose8(hi));
+    blk.pairs[..8].copy_from_slice(&lo);
+    blk.pairs[8..].copy_from_slice(&hi);
+}
+
+/// The transpose of the 8 x 8 matrix of u32 whose rows are the eight vectors.
+#[inline(always)]
+unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+    // per 128-bit half a 4 x 4 transpose, rows 0-3 and rows 4-7 apart: half h of `low[t]` holds
+    // element t + 4h of rows 0..4, of `high[t]` of rows 4..8
+    let low = transpose4([v[0], v[1], v[2], v[3]]);
+    let high = transpose4([v[4], v[5], v[6], v[7]]);
+    std::array::from_fn(|e| {
+        let t = e % 4;
+        if e < 4 {
+            _mm256_permute2x128_si256::<0x20>(low[t], high[t])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(low[t], high[t])
+        }
+    })
 }
 
 /// Per 128-bit half, the transpose of the 4 x 4 matrix of u32 whose rows are the four vectors.
