@@ -162,16 +162,21 @@ unsafe fn tile<const R: usize, const K: u8>(
             let d = |r: usize| _mm256_set1_ps(*a.d.as_ptr().add(at[r] + b));
             // Q6 combines each half (weights 0..16, then 16..32) as soon as its pairs are in
             let mut dots = [_mm256_setzero_si256(); R];
-            for m in 0..16 {
-                let w = blk.pairs[m];
-                for r in 0..R {
-                    let x = pair(xq[r].add(b * BLOCK), m);
-                    dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(w, x));
+            // in quarters of four pairs, each unrolled: the loop's counter and branch took ports
+            // the multiplies and additions need
+            for quarter in 0..4 {
+                for u in 0..4 {
+                    let m = 4 * quarter + u;
+                    let w = blk.pairs[m];
+                    for r in 0..R {
+                        let x = pair(xq[r].add(b * BLOCK), m);
+                        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(w, x));
+                    }
                 }
-                if K == Q6 && m % 8 == 7 {
+                if K == Q6 && quarter % 2 == 1 {
                     for r in 0..R {
                         let isum = _mm256_cvtepi32_ps(dots[r]);
-                        let scale = _mm256_mul_ps(blk.scale[m / 8], d(r));
+                        let scale = _mm256_mul_ps(blk.scale[quarter / 2], d(r));
                         acc[r] = _mm256_fmadd_ps(scale, isum, acc[r]);
                         dots[r] = _mm256_setzero_si256();
                     }
