@@ -136,8 +136,17 @@ pub fn decode_attention_with(
 
 /// [`decode_attention`] with the SIMD paths on (where the CPU has them) or off: the same bits.
 fn run(a: DecodeAttention<'_>, sc: Scores, out: &mut [f32], simd: bool) -> Result<(), ShapeError> {
+    run_at(a, sc, out, Level::best(simd))
+}
+
+/// [`decode_attention`] compiled for `level`, which the CPU must have ([`Level::available`]).
+fn run_at(
+    a: DecodeAttention<'_>,
+    sc: Scores,
+    out: &mut [f32],
+    level: Level,
+) -> Result<(), ShapeError> {
     a.check(out.len())?;
-    let level = Level::best(simd);
     match (a.k, a.v) {
         (KvValues::F32(k), KvValues::F32(v)) => tasks(&a, sc, InPlace(k), InPlace(v), level, out),
         (KvValues::Bf16(k), KvValues::Bf16(v)) => tasks(&a, sc, InPlace(k), InPlace(v), level, out),
@@ -211,6 +220,21 @@ impl Level {
             crate::isa::Isa::Avx2 => Level::Avx2,
             crate::isa::Isa::Plain => Level::Plain,
         }
+    }
+
+    /// Every level this CPU runs, whatever `KVPARK_CPU_ISA` says: the tests compare them all.
+    #[cfg(test)]
+    fn available() -> Vec<Level> {
+        let f = crate::isa::Features::detect();
+        let x86 = cfg!(target_arch = "x86_64") && f.f16c;
+        let mut levels = vec![Level::Plain];
+        if x86 && f.level() >= crate::isa::Isa::Avx2 {
+            levels.push(Level::Avx2);
+        }
+        if x86 && f.level() >= crate::isa::Isa::Avx512 {
+            levels.push(Level::Avx512);
+        }
+        levels
     }
 }
 

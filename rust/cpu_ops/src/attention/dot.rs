@@ -135,6 +135,47 @@ pub(super) struct Avx2Dot;
 
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx2Dot {
+    const PAIRED: bool = true;
+
+    #[inline(always)]
+    unsafe fn weighted(
+        p: &[f32],
+        v: &[f32],
+        stride: usize,
+        cells: std::ops::Range<usize>,
+        m: usize,
+        out: &mut [[f32; LANES]; 4],
+    ) {
+        let out = std::slice::from_mut(out);
+        match m {
+            4 => weighted_avx2::<1, 4>([p], v, 0, stride, cells, out),
+            3 => weighted_avx2::<1, 3>([p], v, 0, stride, cells, out),
+            2 => weighted_avx2::<1, 2>([p], v, 0, stride, cells, out),
+            _ => weighted_avx2::<1, 1>([p], v, 0, stride, cells, out),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weighted2(
+        p: [&[f32]; 2],
+        v: &[f32],
+        stride: usize,
+        cells: std::ops::Range<usize>,
+        m: usize,
+        out: &mut [[[f32; LANES]; 4]; 2],
+    ) {
+        // two heads' sums of two runs fill eight of the sixteen registers: the runs two at a
+        // time (each run's sums are independent of the others', so the split changes no bit)
+        let mut u = 0;
+        while u < m {
+            match m - u {
+                1 => weighted_avx2::<2, 1>(p, v, u, stride, cells.clone(), out),
+                _ => weighted_avx2::<2, 2>(p, v, u, stride, cells.clone(), out),
+            }
+            u += 2;
+        }
+    }
+
     #[inline(always)]
     unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
         use std::arch::x86_64::*;
@@ -156,6 +197,50 @@ impl Dot for Avx2Dot {
         _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
         _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
         tail(q, k, whole, &mut lanes)
+    }
+}
+
+/// [`Dot::weighted`] of `H` heads over one V, on AVX2: runs `first..first + M` of sixteen values
+/// (two vectors each), every sum a product then an add from +0 in cell order, each V vector
+/// loaded once for the `H` heads.
+///
+/// # Safety
+/// The CPU has AVX2; `v` holds every row read, each `p` every cell of `cells`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weighted_avx2<const H: usize, const M: usize>(
+    p: [&[f32]; H],
+    v: &[f32],
+    first: usize,
+    stride: usize,
+    cells: std::ops::Range<usize>,
+    out: &mut [[[f32; LANES]; 4]],
+) {
+    use std::arch::x86_64::*;
+    let end = (first + M) * LANES;
+    assert!(first + M <= 4 && out.len() >= H);
+    assert!(cells.end == 0 || (cells.end - 1) * stride + end <= v.len());
+    assert!(p.iter().all(|p| cells.end <= p.len()));
+    let mut acc = [[[_mm256_setzero_ps(); 2]; M]; H];
+    for c in cells {
+        let row = v.as_ptr().add(c * stride + first * LANES);
+        let vs: [[__m256; 2]; M] = std::array::from_fn(|u| {
+            let at = row.add(u * LANES);
+            [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))]
+        });
+        for (h, a) in acc.iter_mut().enumerate() {
+            let pc = _mm256_set1_ps(*p[h].get_unchecked(c));
+            for (a, x) in a.iter_mut().zip(vs) {
+                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(pc, x[0]));
+                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(pc, x[1]));
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        for (o, a) in o[first..first + M].iter_mut().zip(a) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! conversion, and the kernel's SIMD path against its plain path for every kind of pool.
 
 use super::kv_values::{f16_to_f32, widen_f16c, F16cRows};
-use super::{run, DecodeAttention, KvValues, Scores};
+use super::{run, run_at, DecodeAttention, KvValues, Level, Scores};
 
 /// An f16's value computed from its fields in f64 (sign * 1.frac * 2^(exp - 15), or
 /// sign * frac * 2^-24 when subnormal), then rounded to f32, which is exact.
@@ -83,7 +83,6 @@ fn f16_bits(n: usize, seed: &mut u64) -> Vec<u16> {
 
 #[test]
 fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
-    let simd = crate::isa::avx2();
     let mut seed = 7;
     for (d, kv, group, seqs, ctx) in [(64, 3, 3, 4, 37), (12, 2, 2, 3, 9), (8, 1, 4, 2, 70)] {
         let (heads, n_cells) = (kv * group, seqs * ctx + 5);
@@ -99,7 +98,7 @@ fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
         let q: Vec<f32> = (0..seqs * heads * d)
             .map(|_| lcg(&mut seed) as f32 / (1u64 << 30) as f32 - 1.0)
             .collect();
-        let attend = |k: KvValues<'_>, v: KvValues<'_>, simd: bool| {
+        let attend = |k: KvValues<'_>, v: KvValues<'_>, level: Level| {
             let mut out = vec![f32::NAN; q.len()];
             let a = DecodeAttention {
                 q: &q,
@@ -113,7 +112,7 @@ fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
                 kv_heads: kv,
                 head_dim: d,
             };
-            run(a, Scores::standard(a.head_dim), &mut out, simd).unwrap();
+            run_at(a, Scores::standard(a.head_dim), &mut out, level).unwrap();
             out
         };
         let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
@@ -122,11 +121,13 @@ fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
             (KvValues::Bf16(&k16), KvValues::Bf16(&v16)),
             (KvValues::F16(&k16), KvValues::F16(&v16)),
         ];
-        let wide = bits(attend(pools[0].0, pools[0].1, false));
+        let wide = bits(attend(pools[0].0, pools[0].1, Level::Plain));
         assert!(wide.iter().all(|&b| !f32::from_bits(b).is_nan()));
         for (k, v) in pools {
-            let plain = bits(attend(k, v, false));
-            assert_eq!(plain, bits(attend(k, v, simd)), "{k:?}");
+            let plain = bits(attend(k, v, Level::Plain));
+            for level in Level::available() {
+                assert_eq!(plain, bits(attend(k, v, level)), "{k:?} {level:?}");
+            }
             if matches!(k, KvValues::F16(_)) {
                 assert_eq!(plain, wide, "an f16 pool reads as its values widened");
             }
@@ -139,7 +140,14 @@ fn the_simd_path_gives_the_plain_paths_bits_for_every_pool_kind() {
 /// three, plain or SIMD, with or without a soft-cap, every row gets the same bits.
 #[test]
 fn a_prompt_chunks_rows_in_blocks_give_each_rows_bits_alone() {
-    let (d, kv, group) = (40, 2, 3); // 40: two chunks of 16 and a tail of 8
+    // 40: two runs of 16 values and a tail of 8; 56: three and a tail; 64: four, no tail
+    for d in [40, 56, 64] {
+        rows_in_blocks_give_each_rows_bits_alone(d);
+    }
+}
+
+fn rows_in_blocks_give_each_rows_bits_alone(d: usize) {
+    let (kv, group) = (2, 3);
     let heads = kv * group;
     let n_cells = 300;
     let mut seed = 11;
@@ -210,18 +218,18 @@ fn a_prompt_chunks_rows_in_blocks_give_each_rows_bits_alone() {
                 run(one, scores, &mut alone, false).unwrap();
             }
             assert!(alone.iter().all(|x| x.is_finite()));
-            for simd in [false, true] {
+            for level in Level::available() {
                 for threads in [1, 3] {
                     crate::set_threads(threads);
                     let mut out = vec![f32::NAN; q.len()];
-                    run(a, scores, &mut out, simd && crate::isa::avx2()).unwrap();
+                    run_at(a, scores, &mut out, level).unwrap();
                     let same = out
                         .iter()
                         .zip(&alone)
                         .all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(
                         same,
-                        "window {window}, simd {simd}, threads {threads}, {scores:?}"
+                        "d {d}, window {window}, {level:?}, threads {threads}, {scores:?}"
                     );
                 }
             }
