@@ -124,8 +124,7 @@ pub(super) fn task<R: Rows, D: Dot>(
                 if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
                     k_all.prefetch(at(ahead), row_len);
                 }
-                let k = k_all.row(at(s.union[c]), row_len, &mut s.wide);
-                s.kt[(c - first) * row_len..][..row_len].copy_from_slice(k);
+                k_all.row_into(at(s.union[c]), row_len, &mut s.kt[(c - first) * row_len..]);
             }
             for (e, range) in ranges.iter().enumerate().take(entries) {
                 let (from, to) = (first.max(range.start), last.min(range.end));

@@ -135,7 +135,45 @@ pub(super) struct Avx2Dot;
 
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx2Dot {
+    const WIDE: bool = true;
     const PAIRED: bool = true;
+
+    #[inline(always)]
+    unsafe fn dots16(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32; LANES]) {
+        use std::arch::x86_64::*;
+        let d = q.len();
+        assert!(rows.len() >= 15 * stride + d);
+        if !d.is_multiple_of(LANES) {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = Self::dot(q, &rows[c * stride..][..d]);
+            }
+            return;
+        }
+        let (qp, rp) = (q.as_ptr(), rows.as_ptr());
+        // each cell's two vectors of lanes as `dot` keeps them, four cells at a time (twelve
+        // registers: their eight sums and `q`'s two vectors), each eight folded at once
+        for half in 0..2 {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for quad in 0..2 {
+                let first = rp.add((8 * half + 4 * quad) * stride);
+                let mut lo = [_mm256_setzero_ps(); 4];
+                let mut hi = [_mm256_setzero_ps(); 4];
+                for i in (0..d).step_by(LANES) {
+                    let (ql, qh) = (_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(qp.add(i + 8)));
+                    for c in 0..4 {
+                        let k = first.add(c * stride + i);
+                        lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(ql, _mm256_loadu_ps(k)));
+                        hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(qh, _mm256_loadu_ps(k.add(8))));
+                    }
+                }
+                for c in 0..4 {
+                    a[4 * quad + c] = _mm256_add_ps(lo[c], hi[c]);
+                }
+            }
+            let folded = crate::lane_tree::fold8(a);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * half), folded);
+        }
+    }
 
     #[inline(always)]
     unsafe fn weighted(

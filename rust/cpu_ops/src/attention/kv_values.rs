@@ -66,6 +66,8 @@ impl KvElem for u16 {
 pub(super) trait Rows: Copy + Sync {
     /// The `len` values from `at`: in place, or widened into `buf` (at least `len` long).
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32];
+    /// The `len` values from `at` widened (or copied) into `dst`: a tile's row, written once.
+    fn row_into(&self, at: usize, len: usize, dst: &mut [f32]);
     /// Asks for the cache lines of the `len` values from `at`.
     fn prefetch(&self, at: usize, len: usize);
 }
@@ -78,6 +80,12 @@ impl<T: KvElem + Sync> Rows for InPlace<'_, T> {
     #[inline(always)]
     fn row<'s>(&'s self, at: usize, len: usize, buf: &'s mut [f32]) -> &'s [f32] {
         T::widened(&self.0[at..][..len], buf)
+    }
+    #[inline(always)]
+    fn row_into(&self, at: usize, len: usize, dst: &mut [f32]) {
+        for (o, &x) in dst[..len].iter_mut().zip(&self.0[at..][..len]) {
+            *o = x.widen();
+        }
     }
     #[inline(always)]
     fn prefetch(&self, at: usize, len: usize) {
@@ -97,6 +105,10 @@ impl Rows for F16Plain<'_> {
             *o = f16_to_f32(h);
         }
         buf
+    }
+    #[inline(always)]
+    fn row_into(&self, at: usize, len: usize, dst: &mut [f32]) {
+        self.row(at, len, dst);
     }
     #[inline(always)]
     fn prefetch(&self, at: usize, len: usize) {
@@ -123,6 +135,10 @@ impl Rows for F16cRows<'_> {
         // SAFETY: an F16cRows exists only where the CPU has F16C (`new`).
         unsafe { widen_f16c(&self.0[at..][..len], buf) };
         buf
+    }
+    #[inline(always)]
+    fn row_into(&self, at: usize, len: usize, dst: &mut [f32]) {
+        self.row(at, len, dst);
     }
     #[inline(always)]
     fn prefetch(&self, at: usize, len: usize) {
