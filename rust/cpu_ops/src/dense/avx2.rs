@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
-use super::{Lanes, Line, LANES, PREFETCH_AHEAD};
+use super::{Lanes, Line, LANES, PREFETCH_AHEAD, PREFETCH_HINT};
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
 /// A format's chunk of 16 values as two vectors of eight f32, widened exactly.
@@ -97,7 +97,7 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
             // as in avx512.rs: the weights' cache lines asked for a little ahead
             _mm_prefetch(
                 wp.wrapping_add(at + PREFETCH_AHEAD) as *const i8,
-                _MM_HINT_T0,
+                PREFETCH_HINT,
             );
             let wv = F::load(wp.add(at));
             for (a, at) in accs.iter_mut().zip(row_at) {

@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Bf16, Format, F16, F32};
-use super::{Lanes, Line, LANES, PREFETCH_AHEAD};
+use super::{Lanes, Line, LANES, PREFETCH_AHEAD, PREFETCH_HINT};
 use crate::lane_tree::reduce16;
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
@@ -99,7 +99,7 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
             // chunks, then the next columns', which follow it in memory)
             _mm_prefetch(
                 wp.wrapping_add(at + PREFETCH_AHEAD) as *const i8,
-                _MM_HINT_T0,
+                PREFETCH_HINT,
             );
             let wv = F::load(wp.add(at));
             for (a, at) in accs.iter_mut().zip(row_at) {

@@ -63,6 +63,17 @@ pub const LANES: usize = 16;
 /// again.
 pub(crate) const PREFETCH_AHEAD: usize = 2048;
 
+/// The cache level those weights are asked into: L2 (`_MM_HINT_T1`), not L1. A prefetch into
+/// L1 holds one of the core's few L1 fill buffers until its line arrives, and at eight rows the
+/// weight loads themselves then waited on those buffers (`perf`: most of an 8-row F32 step's
+/// kernel samples on the weight loads); into L2 the requests queue in L2's larger table, and
+/// the loads find the lines one level down instead of in memory. On an Intel Xeon (Sapphire
+/// Rapids): an F32 product of eight rows against a 3072 x 576 matrix streamed from memory
+/// +10-15 % on the AVX2 and AVX-512 kernels, an 8-chat F32 decode step ~5 % faster in process,
+/// F16 and one row unchanged within the VM's noise (alternated).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const PREFETCH_HINT: i32 = std::arch::x86_64::_MM_HINT_T1;
+
 /// One group's lane sums: `[column][row][lane]`.
 pub(crate) type Lanes = [[[f32; LANES]; ROW_TILE]; COLUMN_GROUP];
 
