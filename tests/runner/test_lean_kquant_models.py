@@ -22,6 +22,7 @@ from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.gguf_file import GgufFile
 from kvpark.model.iq4_blocks import iq4_blocks
 from kvpark.model.numpy_weights import load_numpy_weights
+from kvpark.model.weight_arrays import Stacked
 from kvpark.runner.lean_runner import LeanCpuRunner
 from kvpark.tokenizer.tokenizer import Tokenizer
 from support import tiny_gguf
@@ -103,6 +104,31 @@ def test_a_tied_q6_k_embedding_runs_lean_as_its_float64_forward(
     assert r.weights.head is r.weights.embed and r.head_matrix is r.embed_matrix
     assert r.weights.layers[0].matrices["gate_up_w"].kind == "q6"  # type: ignore[union-attr]
     check_logits(r)
+
+
+# a Q3_K_M file as llama-quantize writes one: Q3_K attention and gate/up (the q6 kind: int8 -4..3,
+# a scale per 16 weights), Q4_K V and down, a Q6_K head
+Q3_K_M = dict(attn=Q.Q3_K, v=Q.Q4_K, mlp=Q.Q3_K, down=Q.Q4_K, head=Q.Q6_K, embed=Q.Q8_0)
+
+
+def test_a_q3_k_m_file_runs_lean_as_its_float64_forward(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    path = tmp_path / "q3_k_m.gguf"
+    write_tiny(path, "llama", **Q3_K_M)  # type: ignore[arg-type]
+    r = runner(path, tokenizer, block_dot="float32")
+    assert r.cpu_paths.weights == "blocks"
+    for layer in r.weights.layers:
+        ms = layer.matrices
+        qkv, gate_up = ms["qkv_w"], ms["gate_up_w"]
+        assert isinstance(qkv, Stacked) and isinstance(gate_up, Blocks)
+        assert [getattr(p, "kind", None) for p in qkv.parts] == ["q6", "q6", "q4"]
+        assert gate_up.kind == "q6" and getattr(ms["down_w"], "kind", None) == "q4"
+        assert int(np.abs(gate_up.qs.astype(np.int16)).max()) <= 4  # 3-bit quants, -4..3
+    check_logits(r)
+    for dot in ("int8", "float32"):
+        alone, beside = alone_and_beside_others(runner(path, tokenizer, block_dot=dot, exact=True))
+        assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
 
 
 @pytest.mark.parametrize("block_dot", ["int8", "float32"])

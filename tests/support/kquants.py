@@ -1,18 +1,19 @@
-"""GGUF K-quant bytes (Q4_K, Q5_K, Q6_K) for tests: the ``gguf`` package dequantises K-quants but
-cannot quantise them, and no K-quant file ships offline.
+"""GGUF K-quant bytes (Q3_K, Q4_K, Q5_K, Q6_K) for tests: the ``gguf`` package dequantises
+K-quants but cannot quantise them, and no K-quant file ships offline.
 
 ``quantize`` is a plain reference quantiser written from the format (min/max sub-block scales,
 nearest quants; llama.cpp's search for better scales is left out, its Q6_K scale convention kept:
-signed scales, the super-block's largest one at -128). ``random_kquant`` gives valid bytes of
-any content, with f16 super-block scales that are finite and include zeros, subnormals and
-negatives. Byte layouts, per 256-weight super-block::
+signed scales, the super-block's largest one at -128; Q3_K's alike, at -32). ``random_kquant``
+gives valid bytes of any content, with f16 super-block scales that are finite and include zeros,
+subnormals and negatives. Byte layouts, per 256-weight super-block::
 
     Q4_K (144 B): d f16 | dmin f16 | scales 12 B (6-bit sc, m x 8) | qs 128 B
     Q5_K (176 B): d f16 | dmin f16 | scales 12 B | qh 32 B (bit g: sub-block g's 5th bit) | qs 128 B
     Q6_K (210 B): ql 128 B | qh 64 B | scales 16 x int8 (per 16 weights) | d f16
+    Q3_K (110 B): hmask 32 B | qs 64 B | scales 12 B (6-bit, per 16 weights) | d f16
 
 weight = d * sc_j * q - dmin * m_j (Q4_K, Q5_K; sub-blocks of 32), d * sc_j * (q - 32) (Q6_K;
-sub-blocks of 16).
+sub-blocks of 16), d * (sc_j - 32) * (q - 4) (Q3_K; sub-blocks of 16, q of 3 bits).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 QK_K = 256
-Q4_K, Q5_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K
-KQUANTS = (Q4_K, Q5_K, Q6_K)
+Q3_K, Q4_K = GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K
+Q5_K, Q6_K = GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K
+KQUANTS = (Q3_K, Q4_K, Q5_K, Q6_K)
+# the types whose one f16 super-block scale ``d`` is their last two bytes (no dmin)
+D_LAST = (Q3_K, Q6_K)
 
 
 def quantize(x: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -30,7 +34,10 @@ def quantize(x: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     out, inp = x.shape
     assert inp % QK_K == 0, inp
     flat = x.astype(np.float32).reshape(-1, QK_K)
-    packed = _q6_k(flat) if qtype == Q6_K else _qx_k(flat, 31 if qtype == Q5_K else 15)
+    if qtype in D_LAST:
+        packed = _q6_k(flat) if qtype == Q6_K else _q3_k(flat)
+    else:
+        packed = _qx_k(flat, 31 if qtype == Q5_K else 15)
     return packed.reshape(out, -1)
 
 
@@ -40,11 +47,11 @@ def random_kquant(qtype: GGMLQuantizationType, out: int, inp: int, seed: int) ->
     size = GGML_QUANT_SIZES[qtype][1]
     n = out * inp // QK_K
     raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
-    halves = 1 if qtype == Q6_K else 2  # d, and dmin for Q4_K / Q5_K
+    halves = 1 if qtype in D_LAST else 2  # d, and dmin for Q4_K / Q5_K
     scales = rng.standard_normal((n, halves)) * 0.01
     scales[rng.random((n, halves)) < 0.05] = 0.0
     scales[rng.random((n, halves)) < 0.05] *= 1e-3  # f16 subnormals
-    at = size - 2 if qtype == Q6_K else 0
+    at = size - 2 if qtype in D_LAST else 0
     raw[:, at : at + 2 * halves] = scales.astype(np.float16).view(np.uint8).reshape(n, -1)
     return raw.reshape(out, -1)
 
@@ -109,6 +116,33 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate(
         [ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), d.view(np.uint8).reshape(n, 2)],
         axis=1,
+    )
+
+
+def _q3_k(x: np.ndarray) -> np.ndarray:
+    """Q3_K of super-blocks x [n, 256]: per 16 weights the element of largest magnitude maps to
+    -4, the super-block's largest sub-scale to -32."""
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    big = np.take_along_axis(sub, np.abs(sub).argmax(-1)[..., None], -1)[..., 0]
+    s = -big / 4
+    top = np.take_along_axis(s, np.abs(s).argmax(-1)[:, None], -1)  # [n, 1]
+    iscale = _div(np.full_like(top, -32.0), top)
+    d = _div(np.ones_like(iscale), iscale).astype(np.float16)
+    sc = np.clip(np.rint(iscale * s), -32, 31).astype(np.int8)  # [n, 16]
+    scale = d.astype(np.float32) * sc
+    q = np.clip(np.rint(_div(sub, scale[..., None])), -4, 3).astype(np.int8) + 4  # 0..7
+    q = q.astype(np.uint8).reshape(n, 256)
+    low = (q & 3).reshape(n, 2, 4, 32) << np.array([0, 2, 4, 6], np.uint8)[:, None]
+    qs = low.sum(axis=2, dtype=np.uint8)  # [n, 2, 32]: byte l of half h
+    hbits = (q >> 2).reshape(n, 8, 32) << np.arange(8, dtype=np.uint8)[:, None]
+    hmask = hbits.sum(axis=1, dtype=np.uint8)  # [n, 32]
+    sc6 = (sc + 32).astype(np.uint8)
+    low_nibbles = (sc6[:, :8] & 0x0F) | (sc6[:, 8:] & 0x0F) << 4
+    top_bits = (sc6 >> 4).reshape(n, 4, 4) << np.array([0, 2, 4, 6], np.uint8)[:, None]
+    packed = np.concatenate([low_nibbles, top_bits.sum(axis=1, dtype=np.uint8)], axis=1)
+    return np.concatenate(
+        [hmask, qs.reshape(n, 64), packed, d.view(np.uint8).reshape(n, 2)], axis=1
     )
 
 

@@ -51,7 +51,7 @@ def write_tiny(
         x = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
         if qtype == Q.F32:
             w.add_tensor(name, x)
-        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantise K-quants
+        elif qtype in (Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantise K-quants
             w.add_tensor(name, random_kquant(qtype, rows, cols, seed=rows), raw_dtype=qtype)
         elif qtype in (Q.IQ4_NL, Q.IQ4_XS):  # nor the IQ4 types
             w.add_tensor(name, quantize_iq4(x, qtype), raw_dtype=qtype)

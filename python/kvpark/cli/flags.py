@@ -95,7 +95,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--weights",
         type=one_of("auto", "dense", "blocks"),
         default="auto",
-        help="blocks: keep a GGUF's Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS "
+        help="blocks: keep a GGUF's Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS "
         "matrices in blocks (CPU, float32); "
         "dense: dequantise every weight; auto: blocks on CPU in float32 where it has AVX2 "
         "(docs/cpu-kernels.md)",

@@ -41,9 +41,9 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     # CPU threads for torch and block matmuls; 0: every CPU the process may run on (≤ 2 in exact)
     threads: int = 0
-    # blocks: GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS matrices kept in blocks
-    # and multiplied by block_linear (CPU, float32); dense: every weight dequantised; auto: blocks
-    # on CPU in float32
+    # blocks: GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS matrices kept in
+    # blocks and multiplied by block_linear (CPU, float32); dense: every weight dequantised; auto:
+    # blocks on CPU in float32
     weights: str = "auto"
     # prompt chunks on the CPU: auto (a dense GEMM where it wins, cpu_paths.py) | same (as decode
     # rows) | float32 | bfloat16 (a dense GEMM in that dtype); exact mode: always as decode rows

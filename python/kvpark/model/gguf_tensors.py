@@ -1,7 +1,7 @@
 """A GGUF file's tensors read into numpy under Hugging Face names, without torch; the header is
 model/gguf_file.py's.
 
-A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+A 2-D Q4_0, Q4_1 or Q8_0 tensor can be kept in its blocks and a Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K,
 IQ4_NL or IQ4_XS one repacked into them (``blocks``; q5_blocks.py, kquant_repack.py,
 iq4_blocks.py); every other tensor comes
 dense: F32 and F16 as they are, BF16 as its uint16 bits, anything quantised dequantised to

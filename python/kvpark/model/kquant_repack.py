@@ -1,6 +1,6 @@
-"""GGUF's K-quant matrices (Q4_K, Q5_K, Q6_K) repacked into the ``Blocks`` the Rust kernels take,
-in numpy (the lean CPU runner and the torch model read them alike): integer and byte work plus
-exact scale products, never the tensor dequantised to float32.
+"""GGUF's K-quant matrices (Q3_K, Q4_K, Q5_K, Q6_K) repacked into the ``Blocks`` the Rust kernels
+take, in numpy (the lean CPU runner and the torch model read them alike): integer and byte work
+plus exact scale products, never the tensor dequantised to float32.
 
 A K-quant super-block holds 256 weights: an f16 ``d`` and ``dmin``, then eight 32-weight
 sub-blocks, each with a 6-bit scale ``sc`` and 6-bit min ``m`` (12 bytes for the 16), and the
@@ -32,6 +32,16 @@ scales are per 16 weights, so no 32-block of ours with one scale holds it exactl
               nibble) and 128h + 64 + l (high nibble), the quant's bits 0-3
     qh  64 B: half h is 32 bytes; bits 2j, 2j + 1 of byte l are bits 4-5 of weight 128h + 32j + l
     scales 16 x int8, one per 16 weights in order; d f16 (the last 2 bytes)
+
+Q3_K -> kind "q6" as well: its weight is ``(d * (sc - 32)) * q`` with a 6-bit ``sc`` per 16
+weights and ``q`` in -4..3, so the int8 quants are ``q`` and the scale ``d * (sc - 32)`` (exact:
+11 bits times 6, and times ``q`` 3 more), bitwise ``gguf.quants``' product. Per super-block::
+
+    hmask 32 B: bit b of byte l is weight 32b + l's high bit; q = low - 4 where it is 0
+    qs    64 B: half h is 32 bytes; bits 2s, 2s + 1 of byte l are weight 128h + 32s + l's low bits
+    scales 12 B: scale j's low nibble is nibble j // 8 of byte j % 8, its high two bits are bits
+               2 (j // 4), +1 of byte 8 + j % 4
+    d f16 (the last 2 bytes)
 """
 
 from __future__ import annotations
@@ -44,17 +54,17 @@ from kvpark.model.gguf_blocks import BLOCK, Q6_GROUP, Blocks, half_at
 QK_K = 256  # weights per super-block
 SUB_BLOCKS = QK_K // BLOCK
 # GGML type ids (gguf.GGMLQuantizationType) of the K-quants kept as blocks, and their sizes
-Q4_K, Q5_K, Q6_K = 12, 13, 14
-KQUANT_TYPES = (Q4_K, Q5_K, Q6_K)
-SUPER_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
+Q3_K, Q4_K, Q5_K, Q6_K = 11, 12, 13, 14
+KQUANT_TYPES = (Q3_K, Q4_K, Q5_K, Q6_K)
+SUPER_BLOCK_BYTES = {Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 _SCALES_AT, _SCALES_END = 4, 16  # the 12 bytes of packed 6-bit scales and mins
 
 U8 = npt.NDArray[np.uint8]
 
 
 def kquant_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
-    """A Q4_K, Q5_K or Q6_K tensor's bytes (uint8, super-blocks in file order; may be a read-only
-    view of the file) and its shape ``[out, in]`` as fresh ``Blocks``, bitwise
+    """A Q3_K, Q4_K, Q5_K or Q6_K tensor's bytes (uint8, super-blocks in file order; may be a
+    read-only view of the file) and its shape ``[out, in]`` as fresh ``Blocks``, bitwise
     ``gguf.quants.dequantize`` once dequantised."""
     out, inp = shape
     if qtype not in KQUANT_TYPES:
@@ -65,6 +75,8 @@ def kquant_blocks(qtype: int, raw: U8, shape: tuple[int, int]) -> Blocks:
     blocks = raw.reshape(n, SUPER_BLOCK_BYTES[qtype])
     if qtype == Q6_K:
         return _q6_k_blocks(blocks, shape)
+    if qtype == Q3_K:
+        return _q3_k_blocks(blocks, shape)
     sc, m = scales_and_mins(blocks[:, _SCALES_AT:_SCALES_END])  # [n, 8] each
     scale = (half_at(blocks, 0) * sc.astype(np.float32)).reshape(out, -1)  # exact products
     offset = (-(half_at(blocks, 2) * m.astype(np.float32))).reshape(out, -1)
@@ -91,6 +103,24 @@ def _q6_k_blocks(blocks: U8, shape: tuple[int, int]) -> Blocks:
     q = (low.reshape(n, QK_K) | (high.reshape(n, QK_K) << 4)).view(np.int8) - np.int8(32)
     sc = blocks[:, 3 * QK_K // 4 : 3 * QK_K // 4 + QK_K // Q6_GROUP].view(np.int8)  # [n, 16]
     scale = half_at(blocks, SUPER_BLOCK_BYTES[Q6_K] - 2) * sc.astype(np.float32)  # exact products
+    return Blocks("q6", q.reshape(out, inp), scale.reshape(out, inp // Q6_GROUP), None)
+
+
+def _q3_k_blocks(blocks: U8, shape: tuple[int, int]) -> Blocks:
+    """Q3_K super-blocks (uint8 [n, 110]) as "q6" ``Blocks`` of ``shape`` (the layout above)."""
+    out, inp = shape
+    n = blocks.shape[0]
+    qs = blocks[:, QK_K // 8 : 3 * QK_K // 8].reshape(n, 2, 1, BLOCK)
+    two_bits = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    low = ((qs >> two_bits) & 0x03).reshape(n, QK_K)  # weight 128h + 32s + l
+    hmask = blocks[:, : QK_K // 8].reshape(n, 1, BLOCK)
+    high = (hmask >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # weight 32b + l
+    q = low.view(np.int8) - ((high.reshape(n, QK_K) ^ 1) << 2).view(np.int8)  # -4..3
+    packed = blocks[:, 3 * QK_K // 8 : 3 * QK_K // 8 + 12]
+    nibble = (packed[:, None, :8] >> np.array([0, 4], np.uint8).reshape(1, 2, 1)) & 0x0F
+    top = (packed[:, None, 8:] >> two_bits.reshape(1, 4, 1)) & 0x03  # [n, 4, 4]
+    sc = (nibble.reshape(n, 16) | (top.reshape(n, 16) << 4)).view(np.int8) - np.int8(32)
+    scale = half_at(blocks, SUPER_BLOCK_BYTES[Q3_K] - 2) * sc.astype(np.float32)  # exact products
     return Blocks("q6", q.reshape(out, inp), scale.reshape(out, inp // Q6_GROUP), None)
 
 

@@ -55,8 +55,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a GGUF file or a HF directory (config.json, *.safetensors, tokenizer.json).
 
-    ``blocks``: keep a GGUF's Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
-    matrices in blocks, multiplied by ``block_linear`` (CPU and float32 only; ``--weights``);
+    ``blocks``: keep a GGUF's Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+    IQ4_XS matrices in blocks, multiplied by ``block_linear`` (CPU and float32 only; ``--weights``);
     other tensors load dense.
     """
     start = time.perf_counter()

@@ -5,11 +5,11 @@ the torch model (loader.py builds it over these arrays) and the Rust decoder of 
 A GGUF's tensors come from gguf_tensors.py (blocks kept or repacked, Q/K rows unpermuted), a
 Hugging Face directory's from its safetensors files (hf_loader.py); weight_assembly.py puts them
 together. ``decoder_unfit`` is the one rule for what the decoder runs: every matrix, the embedding
-and the head included, in blocks (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)
-or dense as the file stores it (F32, F16, BF16), a fused matrix's parts of one kind. The decoder
-runs every feature a ``ModelArch`` describes (Q/K/V and output biases, Qwen3's per-head Q/K norms,
-a tied head, rope scaling through its tables), so the matrices alone decide. A file it refuses
-(a Q3_K head, say) loads through the torch model, dense where it must be.
+and the head included, in blocks (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+IQ4_XS) or dense as the file stores it (F32, F16, BF16), a fused matrix's parts each so. The
+decoder runs every feature a ``ModelArch`` describes (Q/K/V and output biases, Qwen3's per-head
+Q/K norms, a tied head, rope scaling through its tables), so the matrices alone decide. A file it
+refuses (a Q2_K head, say) loads through the torch model, dense where it must be.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def read_model(
 ) -> tuple[NumpyWeights[Matrix], Tokenizer, str]:
     """A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json): its
     weights, tokenizer and name (what /v1/models reports). ``blocks``: a GGUF's Q4_0, Q4_1,
-    Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices kept as ``Blocks``; everything
-    else is dense, in ``dense_dtype`` where given, else as the file stores it (BF16 as its bits).
-    ``strict``: Unfit at the first matrix the decoder cannot multiply
+    Q8_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices kept as ``Blocks``;
+    everything else is dense, in ``dense_dtype`` where given, else as the file stores it (BF16 as
+    its bits). ``strict``: Unfit at the first matrix the decoder cannot multiply
     (weight_assembly.assemble_weights)."""
     p = Path(path)
     if not p.exists():

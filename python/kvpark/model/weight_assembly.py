@@ -7,7 +7,7 @@ A fused matrix whose parts are all blocks of one kind stays blocks (``Blocks.cat
 whose parts are all dense of one dtype stays in it; one that mixes kinds (Q4_K's q4 beside
 Q6_K's q6, as in a Q4_K_M file's layers whose attn_v is Q6_K) is ``Stacked``, its parts kept as
 they are: the decoder multiplies each in its kind. Only a part neither in blocks nor dense
-F32/F16/BF16 (a Q3_K one, say) makes the matrix float32, for the torch model; ``unfit_why``
+F32/F16/BF16 (a Q2_K one, say) makes the matrix float32, for the torch model; ``unfit_why``
 records why for every matrix the decoder cannot multiply: what numpy_weights.decoder_unfit
 reports.
 """
@@ -36,7 +36,7 @@ from kvpark.model.weight_arrays import (
 from kvpark.model.weight_names import LAYER_RE, WHOLE, expert_attr, layer_entry, layer_matrices
 
 # gguf_tensors.KEPT_TYPES, as a message says them
-KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS"
+KEPT_NAMES = "Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS"
 
 
 def assemble_weights(
