@@ -114,6 +114,30 @@ unsafe fn group<const R: usize, const G: usize, F: Load>(
     }
 }
 
+/// `out[r][g]`: the reduction of `mod.rs` of every column's lane sums for rows `0..tile`, four
+/// rows by the group's four columns at a time in registers by `reduce16` (as `packed_sums`).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn reduce_tile(
+    sums: &Lanes,
+    tile: usize,
+    out: &mut [[f32; COLUMN_GROUP]; ROW_TILE],
+) {
+    const { assert!(COLUMN_GROUP == 4 && ROW_TILE.is_multiple_of(4)) };
+    for r0 in (0..tile).step_by(4) {
+        // output o = 4 g + r: column g of row r0 + r (rows past the tile computed and dropped)
+        let v: [__m512; 16] =
+            std::array::from_fn(|o| _mm512_loadu_ps(sums[o / 4][r0 + o % 4].as_ptr()));
+        let mut folded = [0.0f32; LANES];
+        _mm512_storeu_ps(folded.as_mut_ptr(), reduce16(v));
+        for (r, row) in out[r0..(r0 + 4).min(tile)].iter_mut().enumerate() {
+            row.copy_from_slice(&folded[4 * r..][..4]);
+        }
+    }
+}
+
 /// `packed.rs`'s widening of up to a group of columns into `[chunk][column][16]` lines.
 ///
 /// # Safety

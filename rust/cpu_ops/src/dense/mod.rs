@@ -254,13 +254,23 @@ impl Product<'_> {
                 lanes::<F>(self.kernel, xt, tile, k, wg, group, &mut sums);
                 #[cfg(target_arch = "x86_64")]
                 if k % LANES == 0 && self.kernel != DenseKernel::Plain {
-                    // no tail: the reduction of a whole group in registers (the same adds)
-                    let mut out = [[0.0f32; ROW_TILE]; COLUMN_GROUP];
-                    // SAFETY: a SIMD kernel ran, so the CPU has AVX2 (DenseKernel::best).
-                    unsafe { avx2::reduce_group(&sums, tile, group, &mut out) };
-                    for (g, per_row) in out.iter().enumerate().take(group) {
-                        for (r, v) in per_row.iter().enumerate().take(tile) {
-                            y.set((r0 + r) * n + c + g, *v);
+                    // no tail: the reduction of the whole tile in registers (the same adds),
+                    // then each row's run of columns written at once
+                    let mut out = [[0.0f32; COLUMN_GROUP]; ROW_TILE];
+                    match self.kernel {
+                        // SAFETY: the CPU has AVX-512F (DenseKernel::best).
+                        DenseKernel::Avx512 => unsafe {
+                            avx512::reduce_tile(&sums, tile, &mut out)
+                        },
+                        // SAFETY: a SIMD kernel ran, so the CPU has AVX2 (DenseKernel::best).
+                        _ => unsafe { avx2::reduce_tile(&sums, tile, &mut out) },
+                    }
+                    for (r, row) in out.iter().enumerate().take(tile) {
+                        let at = (r0 + r) * n + c;
+                        if group == COLUMN_GROUP {
+                            y.set_array(at, row);
+                        } else {
+                            y.set_run(at, &row[..group]);
                         }
                     }
                     c += group;

@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::{avx2, avx512, DenseKernel, Kernels, Line, Product, LANES};
+use super::{avx2, avx512, DenseKernel, Kernels, Lanes, Line, Product, LANES};
 use crate::threads::Output;
 use crate::tiling::{COLUMN_GROUP, ROW_TILE};
 
@@ -95,6 +95,8 @@ fn run_block<F: Kernels>(
         pack::<F>(p.kernel, &w[c0 * k..(c0 + width) * k], k, width, dst);
     }
     let mut sums = [[0.0f32; COLUMN_GROUP]; ROW_TILE];
+    // the AVX2 kernel's lane sums, zeroed once a block rather than once a group
+    let mut lanes: Lanes = [[[0.0; LANES]; ROW_TILE]; COLUMN_GROUP];
     let mut r0 = 0;
     while r0 < p.rows {
         let tile = ROW_TILE.min(p.rows - r0);
@@ -109,7 +111,7 @@ fn run_block<F: Kernels>(
                     avx512::packed_sums(xt, tile, chunks, wg, &mut sums)
                 },
                 // SAFETY: the CPU has AVX2, FMA and F16C (DenseKernel::best).
-                _ => unsafe { avx2::packed_sums(xt, tile, chunks, wg, &mut sums) },
+                _ => unsafe { avx2::packed_sums(xt, tile, chunks, wg, &mut lanes, &mut sums) },
             }
             for (r, row) in sums.iter().enumerate().take(tile) {
                 if width == COLUMN_GROUP {
