@@ -35,29 +35,45 @@ fn spin_time() -> Duration {
 /// costs more.
 const MIN_PARALLEL_WORK: usize = 64 * 1024;
 
-/// Pieces per thread a call is cut into: few enough that each is a long contiguous run of
-/// weights (what the hardware prefetcher and `avx2.rs`'s prefetches stream well), enough that
-/// the caller can take over most of the work of a helper the OS has descheduled.
+/// How finely a call is cut: each claim takes the unclaimed tasks over `PIECES_PER_THREAD`
+/// times the threads (at least one task), so the first pieces are long contiguous runs of
+/// weights (what the hardware prefetcher and `avx2.rs`'s prefetches stream well) and no larger
+/// than a quarter of a thread's share (the caller can take over most of the work of a helper the
+/// OS has descheduled), and the last ones a task each: the thread that finishes first then waits
+/// for at most one task of the other's, not a quarter of its share (equal pieces of an eighth
+/// of a call had left the caller waiting in 3.2 % of an 8-chat F32 decode's samples, 0.9 % after).
 const PIECES_PER_THREAD: usize = 4;
 
-/// The work of one call: `tasks` numbered tasks in `pieces` contiguous pieces, each claimed by
-/// whichever thread is free.
+/// The work of one call: `tasks` numbered tasks, claimed in contiguous pieces of decreasing
+/// size by whichever thread is free.
 struct Job {
     run: &'static (dyn Fn(Range<usize>) + Sync),
     tasks: usize,
-    pieces: usize,
+    threads: usize,
+    /// The first unclaimed task.
     next: AtomicUsize,
 }
 
 impl Job {
     /// Claims and runs pieces until none are left.
     fn work(&self) {
+        let mut start = self.next.load(Ordering::Relaxed);
         loop {
-            let p = self.next.fetch_add(1, Ordering::Relaxed);
-            if p >= self.pieces {
+            if start >= self.tasks {
                 return;
             }
-            (self.run)(self.tasks * p / self.pieces..self.tasks * (p + 1) / self.pieces);
+            let size = ((self.tasks - start) / (PIECES_PER_THREAD * self.threads)).max(1);
+            let end = start + size;
+            match self
+                .next
+                .compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    (self.run)(start..end);
+                    start = self.next.load(Ordering::Relaxed);
+                }
+                Err(now) => start = now,
+            }
         }
     }
 }
@@ -137,11 +153,10 @@ impl Team {
                 &'static (dyn Fn(Range<usize>) + Sync),
             >(run)
         };
-        let pieces = tasks.min(self.threads * PIECES_PER_THREAD);
         let job = Arc::new(Job {
             run,
             tasks,
-            pieces,
+            threads: self.threads,
             next: AtomicUsize::new(0),
         });
         *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&job));
