@@ -32,12 +32,18 @@ impl Quads for Maddubs {
     /// Eight `vpmaddubsw` summed in i16 (each lane then holds 16 products of a nibble and an
     /// activation: at most 16 * 15 * 127 = 30480 < 32767 in magnitude), one `vpmaddwd` to i32.
     #[inline(always)]
-    unsafe fn block(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
-        let mut pairs = _mm256_maddubs_epi16(u[0], s[0]);
-        for j in 1..8 {
-            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], s[j]));
-        }
-        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    unsafe fn first(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn add(sums: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi16(sums, _mm256_maddubs_epi16(u, s))
+    }
+
+    #[inline(always)]
+    unsafe fn finish(sums: __m256i) -> __m256i {
+        _mm256_madd_epi16(sums, _mm256_set1_epi16(1))
     }
 }
 

@@ -31,9 +31,21 @@ pub(super) const MIN_ROWS: usize = 2;
 /// A block's integer dot of eight columns: lane `c` = Σ over the eight operand pairs of the
 /// products of their u8 and i8 quads in lane `c`, exact.
 pub(super) trait Quads {
+    /// The running sum of a block's first operand pair.
+    ///
     /// # Safety
     /// The CPU has the instructions the implementation uses.
-    unsafe fn block(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i;
+    unsafe fn first(u: __m256i, s: __m256i) -> __m256i;
+    /// `sums` with the next operand pair's products added.
+    ///
+    /// # Safety
+    /// As [`Quads::first`].
+    unsafe fn add(sums: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// The block's i32 sums from its running sum of all eight pairs.
+    ///
+    /// # Safety
+    /// As [`Quads::first`].
+    unsafe fn finish(sums: __m256i) -> __m256i;
 }
 
 /// One group's blocks, transposed: per block the eight operand vectors (weights `4t..4t + 4` of
@@ -72,36 +84,76 @@ pub(super) unsafe fn group<D: Quads>(a: &Activations<'_>, w: Q4Weights<'_>, c0: 
     let g = g.as_mut_ptr();
     transpose(w, c0, blocks, g);
     let g = &*g; // every block below `blocks` was written
-    for r in 0..a.rows {
-        let xq = a.q.as_ptr().add(r * a.k);
-        let (d, sum) = (
-            a.d.as_ptr().add(r * a.padded),
-            a.sum.as_ptr().add(r * a.padded),
-        );
-        let mut acc = [_mm256_setzero_ps(); LANES];
-        for b0 in (0..a.padded).step_by(LANES) {
-            for (l, acc) in acc.iter_mut().enumerate() {
-                let b = b0 + l;
-                // a padding block updates its lane with zeros, as `plain.rs` does
-                let (isum, scale, offset) = if b < blocks {
-                    let x = xq.add(b * BLOCK);
-                    let s: [__m256i; 8] = std::array::from_fn(|j| {
-                        let at = if j < 4 { 4 * j } else { 16 + 4 * (j - 4) };
-                        _mm256_set1_epi32((x.add(at) as *const i32).read_unaligned())
-                    });
-                    let isum = _mm256_cvtepi32_ps(D::block(&g.quads[b], &s));
-                    (isum, g.scale[b], g.offset[b])
-                } else {
-                    (
-                        _mm256_setzero_ps(),
-                        _mm256_setzero_ps(),
-                        _mm256_setzero_ps(),
-                    )
-                };
-                combine(acc, isum, scale, Some(offset), *d.add(b), *sum.add(b));
+    let mut r0 = 0;
+    while r0 < a.rows {
+        let left = a.rows - r0;
+        match left {
+            1 => tile::<D, 1>(a, g, blocks, r0, y, w.n, c0),
+            2 => tile::<D, 2>(a, g, blocks, r0, y, w.n, c0),
+            3 => tile::<D, 3>(a, g, blocks, r0, y, w.n, c0),
+            _ => tile::<D, TILE>(a, g, blocks, r0, y, w.n, c0),
+        }
+        r0 += left.min(TILE);
+    }
+}
+
+/// Rows multiplied together against each block's operand vectors.
+const TILE: usize = 4;
+
+/// Rows `r0..r0 + R` against the transposed group `g`, lane by lane: lane `l`'s blocks `l, l + 8,
+/// ...` in order into one accumulator a row, held in a register for the whole lane.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<D: Quads, const R: usize>(
+    a: &Activations<'_>,
+    g: &Group,
+    blocks: usize,
+    r0: usize,
+    y: &Output,
+    n: usize,
+    c0: usize,
+) {
+    let xq: [*const i8; R] = std::array::from_fn(|i| a.q.as_ptr().add((r0 + i) * a.k));
+    let d: [*const f32; R] = std::array::from_fn(|i| a.d.as_ptr().add((r0 + i) * a.padded));
+    let sum: [*const f32; R] = std::array::from_fn(|i| a.sum.as_ptr().add((r0 + i) * a.padded));
+    let mut acc = [[_mm256_setzero_ps(); LANES]; R];
+    #[allow(clippy::needless_range_loop)] // `l` picks both the blocks and each row's accumulator
+    for l in 0..LANES {
+        let mut lane = [_mm256_setzero_ps(); R];
+        for b in (l..a.padded).step_by(LANES) {
+            // a padding block updates its lane with zeros, as `plain.rs` does
+            if b < blocks {
+                let u = &g.quads[b];
+                let mut sums = [_mm256_setzero_si256(); R];
+                for (j, u) in u.iter().enumerate() {
+                    let at = b * BLOCK + if j < 4 { 4 * j } else { 16 + 4 * (j - 4) };
+                    for i in 0..R {
+                        let s = _mm256_set1_epi32((xq[i].add(at) as *const i32).read_unaligned());
+                        sums[i] = if j == 0 {
+                            D::first(*u, s)
+                        } else {
+                            D::add(sums[i], *u, s)
+                        };
+                    }
+                }
+                for i in 0..R {
+                    let isum = _mm256_cvtepi32_ps(D::finish(sums[i]));
+                    let (db, sb) = (*d[i].add(b), *sum[i].add(b));
+                    combine(&mut lane[i], isum, g.scale[b], Some(g.offset[b]), db, sb);
+                }
+            } else {
+                let z = _mm256_setzero_ps();
+                for i in 0..R {
+                    combine(&mut lane[i], z, z, Some(z), *d[i].add(b), *sum[i].add(b));
+                }
             }
         }
-        store_row(&acc, y, r * w.n + c0);
+        for i in 0..R {
+            acc[i][l] = lane[i];
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        store_row(acc, y, (r0 + i) * n + c0);
     }
 }
 

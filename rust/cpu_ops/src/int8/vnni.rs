@@ -28,11 +28,17 @@ impl Dot for Dpbusd {
 impl Quads for Dpbusd {
     /// Eight `vpdpbusd` into one i32 accumulator.
     #[inline(always)]
-    unsafe fn block(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
-        let mut sums = _mm256_setzero_si256();
-        for j in 0..8 {
-            sums = _mm256_dpbusd_epi32(sums, u[j], s[j]);
-        }
+    unsafe fn first(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn add(sums: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(sums, u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn finish(sums: __m256i) -> __m256i {
         sums
     }
 }
