@@ -26,11 +26,16 @@ from support.servers import Server, serve_for_module
 
 BODY_BYTES = 8 * 1024 * 1024
 TOKENS = 400
-# The bound is relative to the same stream's gaps just before, as the CPUs vary: the C parser on
-# the event loop adds one gap of ~350 ms here (20 ms gaps); off the loop the worst gap grows by
-# tens of ms on two busy cores, the parse thread's share of the CPU, not the GIL
+# The bounds are relative to the same stream's gaps just before, as the CPUs vary: the C parser
+# on the event loop adds a gap of ~350 ms here (20 ms gaps) for every body; off the loop the gaps
+# grow by tens of ms on two busy cores, the parse thread's share of the CPU, not the GIL. Every
+# gap but the worst must stay within the first bound; the worst, within the looser second: a
+# shared host once held one gap of a passing run for 135 ms (22.5 ms gaps before), a stall no
+# code of the server's made, where a body parsed holding the GIL stalls every time it arrives.
 WORST_TIMES = 3.0
 SLACK_S = 0.030
+OUTLIER_TIMES = 10.0
+OUTLIER_SLACK_S = 0.100
 MAX_MODEL_LEN = 4096  # the default model's context
 OVER_CONTEXT = "a fox " * 100_000  # 200,001 tokens: counted on its head alone
 USER_TURN = {"role": "user", "content": OVER_CONTEXT}
@@ -99,9 +104,12 @@ def test_an_8_mib_body_does_not_stall_a_stream(
     before, during = gaps[10 : posted_from - 1], gaps[posted_from:]
     assert answers, "no large body was answered while the stream ran"
     assert set(answers) == {"400"}, answers
-    worst_before, worst_during = max(before), max(during)
+    worst_before = max(before)
+    *rest, worst_during = sorted(during)
     shown = f"worst gap {worst_before * 1e3:.1f} ms before, {worst_during * 1e3:.1f} ms during"
-    assert worst_during <= WORST_TIMES * worst_before + SLACK_S, shown
+    shown += f", the next {rest[-1] * 1e3:.1f} ms"
+    assert rest[-1] <= WORST_TIMES * worst_before + SLACK_S, shown
+    assert worst_during <= OUTLIER_TIMES * worst_before + OUTLIER_SLACK_S, shown
 
 
 @pytest.mark.parametrize(
