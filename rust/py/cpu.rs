@@ -218,6 +218,7 @@ unsafe fn q8_operands<'a>(
         offset: (offset != 0).then(|| std::slice::from_raw_parts(offset as *const f32, blocks)),
         n,
         k,
+        low: None, // one call: not worth a pass over its quants
     };
     let x = std::slice::from_raw_parts(x as *const f32, rows * k);
     (

@@ -16,8 +16,8 @@ use kvpark_cpu_ops::decoder::{
 use kvpark_cpu_ops::Scores;
 
 use super::decoder_specs::{
-    check_matrix, check_parts, layer_parts, maybe, slice, weights, Features, LayerParts, LayerSpec,
-    Matrix,
+    check_matrix, check_parts, find_lows, layer_parts, maybe, slice, weights, Features, LayerParts,
+    LayerSpec, Matrix,
 };
 use super::errors::cpu_ops_err;
 
@@ -169,6 +169,9 @@ impl PyCpuDecoder {
                 )));
             }
         }
+        let (mut head, mut layers) = (head, layers);
+        // SAFETY: the checks above held: every matrix's tensors are live, of its kind's sizes.
+        unsafe { find_lows(&mut head, &mut layers) };
         Ok(Self {
             shape,
             embed,

@@ -6,8 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use kvpark_cpu_ops::{
-    DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK,
-    Q6_GROUP,
+    narrow_low, DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights,
+    BLOCK, Q6_GROUP,
 };
 
 /// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
@@ -25,6 +25,41 @@ pub(super) struct Matrix {
     pub(super) offset: usize,
     pub(super) n: usize,
     pub(super) k: usize,
+    /// Kind '8': `Q8Weights::low`, found once when the decoder is built ([`Matrix::find_low`]).
+    #[pyo3(default)]
+    pub(super) low: Option<i8>,
+}
+
+impl Matrix {
+    /// Sets `low` for a q8 matrix whose quants span fewer than 32 values (Q5_0, Q5_1).
+    ///
+    /// # Safety
+    /// The matrix's tensors are live, of the sizes its kind and shape say.
+    pub(super) unsafe fn find_low(&mut self) {
+        if self.kind == '8' {
+            self.low = narrow_low(slice(self.qs, self.n * self.k));
+        }
+    }
+}
+
+/// [`Matrix::find_low`] for every matrix of the layers and the head: one pass over the model's
+/// q8 quants, when the decoder is built.
+///
+/// # Safety
+/// As [`Matrix::find_low`], for each of them.
+pub(super) unsafe fn find_lows(head: &mut Matrix, layers: &mut [LayerSpec]) {
+    head.find_low();
+    for l in layers {
+        let experts = l.experts.iter_mut().flat_map(|x| {
+            let down = std::iter::once(&mut x.down);
+            x.gate_up.iter_mut().chain(down)
+        });
+        let parts = l.qkv.iter_mut().chain(&mut l.gate_up).chain(experts);
+        let single = [Some(&mut l.o), l.down.as_mut(), l.router.as_mut()];
+        for m in parts.chain(single.into_iter().flatten()) {
+            m.find_low();
+        }
+    }
 }
 
 /// One layer: addresses of f32 vectors (0 where the model has none) and its matrices; a fused
@@ -130,6 +165,7 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             offset: maybe(m.offset, blocks),
             n: m.n,
             k: m.k,
+            low: m.low,
         }),
     }
 }

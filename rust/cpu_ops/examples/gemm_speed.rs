@@ -74,6 +74,7 @@ impl Matrix {
                 offset: (self.kind == Kind::Q8Offset).then_some(&self.offset[..]),
                 n,
                 k,
+                low: None,
             }),
             Kind::Q6 => Weights::Q6(Q6Weights {
                 qs: signed,

@@ -49,6 +49,7 @@ fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
             offset: None,
             n,
             k,
+            low: None,
         }),
         Kind::Q6 => Weights::Q6(Q6Weights {
             qs: signed,

@@ -56,6 +56,7 @@ fn main() {
                     offset: None,
                     n: hn,
                     k: hk,
+                    low: None,
                 };
                 let start = Instant::now();
                 matmul_q8(&x[..rows * hk], rows, head, &mut y).unwrap();

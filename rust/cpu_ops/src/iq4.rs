@@ -55,6 +55,7 @@ pub(crate) fn expanded_columns(
                 offset: None,
                 n: m,
                 k,
+                low: None, // the table's values span more than 32
             };
             kernel(Weights::Q8(q8), 0..m, &Output::new(&mut out[..rows * m]));
             for (r, values) in out[..rows * m].chunks_exact(m).enumerate() {

@@ -62,8 +62,8 @@ pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;
 pub use weights::{
-    DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK,
-    Q6_GROUP,
+    narrow_low, DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights,
+    BLOCK, Q6_GROUP,
 };
 
 use product::product;

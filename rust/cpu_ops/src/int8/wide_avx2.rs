@@ -12,7 +12,8 @@
 //!
 //! AVX2's u8 × i8 `vpmaddubsw` does not fit signed weights: `w + 128` by `q` saturates its i16
 //! pairs, and `|w|` by `q · sign(w)` costs a `vpsignb` and a widening per quad (three multiplier
-//! port operations per 32 products). So both sides go in as i16 and `vpmaddwd` multiplies pairs
+//! port operations per 32 products). (Weights that span fewer than 32 values do fit, as `w -
+//! low`: [`Q5`].) So both sides go in as i16 and `vpmaddwd` multiplies pairs
 //! into i32 directly, one instruction per 16 products: the quantiser keeps an i16 copy of the
 //! activations for this kernel (`I8Scratch`), and per call each group of eight columns is
 //! transposed once into a per-thread buffer ([`Block8`]): vector `m` of a block holds weights
@@ -46,7 +47,9 @@ const MIN_ROWS_Q8: usize = 8;
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Block8 {
-    /// Vector `m`: weights `2m, 2m + 1` of each column, an i16 pair per i32 lane.
+    /// Vector `m`: weights `2m, 2m + 1` of each column, an i16 pair per i32 lane. The narrow
+    /// kinds ([`Q5`]) hold quads in the first eight instead: vector `t`, weights `4t..4t + 4` of
+    /// each column less the matrix's `low`, as u8.
     pairs: [__m256i; 16],
     /// Each column's scale; Q6's two (weights 0..16, then 16..32).
     scale: [__m256; 2],
@@ -66,6 +69,16 @@ const Q8: u8 = 1;
 const Q8_OFFSET: u8 = 2;
 /// Q6_K's int8 weights: two sums per block (weights 0..16, 16..32), each with its scale.
 const Q6: u8 = 3;
+/// As [`Q8`], for weights that span fewer than 32 values ([`Q8Weights::low`]: Q5_0 and Q5_1 as
+/// q8 blocks): `w - low` in 0..32 goes into `vpmaddubsw` as u8 against the activations' i8, four
+/// operand vectors summed in i16 (each lane then holds eight products, at most 8 · 31 · 127 =
+/// 31,496 in magnitude) before one `vpmaddwd`: per (row, block) eight `vpmaddubsw`, six `vpaddw`,
+/// two `vpmaddwd` and two `vpaddd` where the full range takes sixteen `vpmaddwd` and sixteen
+/// `vpaddd`. `Σ w q = Σ (w - low) q + low Σ q`, every term an integer below 2^24, so the sum
+/// converted and corrected in one fma is exact: the plain bits.
+const Q5: u8 = 4;
+/// As [`Q5`], with offsets.
+const Q5_OFFSET: u8 = 5;
 
 /// Whether a call of `rows` rows against `w` takes this kernel for its whole column groups.
 /// `KVPARK_CPU_WIDE=off` keeps the column kernels (same bits: for measuring), and so does
@@ -75,6 +88,7 @@ pub(super) fn takes(a: &Activations<'_>, w: &Weights<'_>) -> bool {
     let on = *ON.get_or_init(|| std::env::var("KVPARK_CPU_WIDE").as_deref() != Ok("off"));
     let least = match w {
         Weights::Q6(_) | Weights::Iq4(_) => MIN_ROWS,
+        Weights::Q8(w) if w.low.is_some() => MIN_ROWS,
         Weights::Q8(_) => MIN_ROWS_Q8,
         Weights::Q4(_) | Weights::Dense(_) => return false,
     };
@@ -100,10 +114,11 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             Weights::Q4(_) | Weights::Dense(_) => unreachable!("`takes` refuses them"),
             Weights::Q8(w) => {
                 transpose_q8(w, c0, blocks, g);
-                if w.offset.is_some() {
-                    Q8_OFFSET
-                } else {
-                    Q8
+                match (w.low.is_some(), w.offset.is_some()) {
+                    (true, true) => Q5_OFFSET,
+                    (true, false) => Q5,
+                    (false, true) => Q8_OFFSET,
+                    (false, false) => Q8,
                 }
             }
             Weights::Q6(w) => {
@@ -116,32 +131,46 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             }
         };
         let g = &g[..blocks];
+        let low = match w {
+            Weights::Q8(w) => w.low.unwrap_or(0),
+            _ => 0,
+        };
         match kind {
-            Q8 => tiles::<Q8>(a, g, y, w.n(), c0),
-            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0),
-            _ => tiles::<Q6>(a, g, y, w.n(), c0),
+            Q8 => tiles::<Q8>(a, g, y, w.n(), c0, low),
+            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0, low),
+            Q5 => tiles::<Q5>(a, g, y, w.n(), c0, low),
+            Q5_OFFSET => tiles::<Q5_OFFSET>(a, g, y, w.n(), c0, low),
+            _ => tiles::<Q6>(a, g, y, w.n(), c0, low),
         }
     })
 }
 
 /// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`.
 #[inline(always)]
-unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &[Block8], y: &Output, n: usize, c0: usize) {
+unsafe fn tiles<const K: u8>(
+    a: &Activations<'_>,
+    g: &[Block8],
+    y: &Output,
+    n: usize,
+    c0: usize,
+    low: i8,
+) {
     let mut r0 = 0;
     while r0 + TILE <= a.rows {
-        tile::<TILE, K>(a, g, r0, y, n, c0);
+        tile::<TILE, K>(a, g, r0, y, n, c0, low);
         r0 += TILE;
     }
     match a.rows - r0 {
-        3 => tile::<3, K>(a, g, r0, y, n, c0),
-        2 => tile::<2, K>(a, g, r0, y, n, c0),
-        1 => tile::<1, K>(a, g, r0, y, n, c0),
+        3 => tile::<3, K>(a, g, r0, y, n, c0, low),
+        2 => tile::<2, K>(a, g, r0, y, n, c0, low),
+        1 => tile::<1, K>(a, g, r0, y, n, c0, low),
         _ => {}
     }
 }
 
-/// Rows `r0..r0 + R` against the transposed group `g` of kind `K`.
+/// Rows `r0..r0 + R` against the transposed group `g` of kind `K` (`low`: the narrow kinds').
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile<const R: usize, const K: u8>(
     a: &Activations<'_>,
     g: &[Block8],
@@ -149,8 +178,12 @@ unsafe fn tile<const R: usize, const K: u8>(
     y: &Output,
     n: usize,
     c0: usize,
+    low: i8,
 ) {
+    let narrow = K == Q5 || K == Q5_OFFSET;
     let xq: [*const i16; R] = std::array::from_fn(|r| a.q16.as_ptr().add((r0 + r) * a.k));
+    let xq8: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
+    let low = _mm256_set1_ps(f32::from(low));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
     let mut lanes = [[_mm256_setzero_ps(); LANES]; R];
     for l in 0..LANES {
@@ -162,9 +195,32 @@ unsafe fn tile<const R: usize, const K: u8>(
             let d = |r: usize| _mm256_set1_ps(*a.d.as_ptr().add(at[r] + b));
             // Q6 combines each half (weights 0..16, then 16..32) as soon as its pairs are in
             let mut dots = [_mm256_setzero_si256(); R];
+            if narrow {
+                // two halves of four quad vectors, each summed in i16 before its `vpmaddwd`
+                for half in 0..2 {
+                    let mut pairs = [_mm256_setzero_si256(); R];
+                    for u in 0..4 {
+                        let t = 4 * half + u;
+                        let w = blk.pairs[t];
+                        for r in 0..R {
+                            let x = xq8[r].add(b * BLOCK + 4 * t) as *const i32;
+                            let p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x.read_unaligned()));
+                            pairs[r] = if u == 0 {
+                                p
+                            } else {
+                                _mm256_add_epi16(pairs[r], p)
+                            };
+                        }
+                    }
+                    for r in 0..R {
+                        let wide = _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1));
+                        dots[r] = _mm256_add_epi32(dots[r], wide);
+                    }
+                }
+            }
             // in quarters of four pairs, each unrolled: the loop's counter and branch took ports
             // the multiplies and additions need
-            for quarter in 0..4 {
+            for quarter in (0..4).filter(|_| !narrow) {
                 for u in 0..4 {
                     let m = 4 * quarter + u;
                     let w = blk.pairs[m];
@@ -184,9 +240,13 @@ unsafe fn tile<const R: usize, const K: u8>(
             }
             if K != Q6 {
                 for r in 0..R {
-                    let isum = _mm256_cvtepi32_ps(dots[r]);
+                    let mut isum = _mm256_cvtepi32_ps(dots[r]);
+                    if narrow {
+                        let sum = _mm256_set1_ps(*a.sum.as_ptr().add(at[r] + b));
+                        isum = _mm256_fmadd_ps(low, sum, isum);
+                    }
                     acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(blk.scale[0], d(r)), isum, acc[r]);
-                    if K == Q8_OFFSET {
+                    if K == Q8_OFFSET || K == Q5_OFFSET {
                         let sum = _mm256_set1_ps(*a.sum.as_ptr().add(at[r] + b));
                         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(blk.offset, d(r)), sum, acc[r]);
                     }
@@ -269,7 +329,10 @@ unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Bl
 /// Q8: column `c`'s block `b` is 32 int8.
 #[inline(always)]
 unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
-    transpose_bytes(w.qs.as_ptr(), c0, blocks, g);
+    match w.low {
+        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low),
+        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g),
+    }
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
         if let Some(o) = w.offset {
@@ -299,6 +362,23 @@ unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Bloc
             (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)))
         };
         set_pairs(blk, std::array::from_fn(col));
+    }
+}
+
+/// The narrow kinds: 32 int8 per column block, less `low`, into the block's eight quad vectors.
+#[inline(always)]
+unsafe fn transpose_narrow(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8], low: i8) {
+    let group = qs.add(c0 * blocks * BLOCK);
+    let low = _mm256_set1_epi8(low);
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
+        // row c of the 8 x 8 matrix of u32: column c's eight quads
+        let rows: [__m256i; 8] = std::array::from_fn(|c| {
+            _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i)
+        });
+        for (t, quads) in transpose8(rows).into_iter().enumerate() {
+            blk.pairs[t] = _mm256_sub_epi8(quads, low);
+        }
     }
 }
 

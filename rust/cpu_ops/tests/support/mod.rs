@@ -1,7 +1,7 @@
 //! Random block weights and activations for the int8 tests, with the awkward blocks mixed in.
 #![allow(dead_code)] // each test file uses its own part
 
-use kvpark_cpu_ops::{Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP};
+use kvpark_cpu_ops::{narrow_low, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP};
 
 pub fn lcg(seed: &mut u64) -> u32 {
     *seed = seed
@@ -23,6 +23,8 @@ pub struct Matrix {
     pub offset: Option<Vec<f32>>,
     pub n: usize,
     pub k: usize,
+    /// The narrow kinds' `Q8Weights::low`.
+    pub low: Option<i8>,
 }
 
 /// What kind of weights [`matrix`] makes.
@@ -37,15 +39,42 @@ pub enum Kind {
     Q8Offset,
     /// Q6_K unpacked: any int8 quants (Q6_K's are in [-32, 31]), a scale per 16 weights.
     Q6,
+    /// Q8 whose quants span 32 values (as Q5_0's, -16..16), at a random place in the i8 range.
+    Q5,
+    /// The same with offsets (as Q5_1's, 0..32).
+    Q5Offset,
 }
 
-pub const KINDS: [Kind; 5] = [Kind::Q4, Kind::Q4Signed, Kind::Q8, Kind::Q8Offset, Kind::Q6];
+pub const KINDS: [Kind; 7] = [
+    Kind::Q4,
+    Kind::Q4Signed,
+    Kind::Q8,
+    Kind::Q8Offset,
+    Kind::Q6,
+    Kind::Q5,
+    Kind::Q5Offset,
+];
 
 pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     let blocks = n * k / BLOCK;
     let q4 = matches!(kind, Kind::Q4 | Kind::Q4Signed);
     let bytes = if q4 { n * k / 2 } else { n * k };
-    let qs = (0..bytes).map(|_| lcg(seed) as u8).collect();
+    let narrow = matches!(kind, Kind::Q5 | Kind::Q5Offset);
+    // a window of 32 values anywhere in the i8 range, its ends included sometimes
+    let least = match lcg(seed) % 4 {
+        0 => -128,
+        1 => 127 - 31,
+        _ => (lcg(seed) % 225) as i32 - 128,
+    };
+    let qs: Vec<u8> = (0..bytes)
+        .map(|_| match narrow {
+            true => (least + (lcg(seed) % 32) as i32) as i8 as u8,
+            false => lcg(seed) as u8,
+        })
+        .collect();
+    // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
+    let signed = unsafe { std::slice::from_raw_parts(qs.as_ptr() as *const i8, qs.len()) };
+    let low = if narrow { narrow_low(signed) } else { None };
     let scales = if matches!(kind, Kind::Q6) {
         2 * blocks
     } else {
@@ -53,9 +82,11 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     };
     let scale: Vec<f32> = (0..scales).map(|_| unit(seed) / 16.0).collect();
     let offset = match kind {
-        Kind::Q4 | Kind::Q8Offset => Some((0..blocks).map(|_| unit(seed)).collect()),
+        Kind::Q4 | Kind::Q8Offset | Kind::Q5Offset => {
+            Some((0..blocks).map(|_| unit(seed)).collect())
+        }
         Kind::Q4Signed => Some(scale.iter().map(|s| -8.0 * s).collect()),
-        Kind::Q8 | Kind::Q6 => None,
+        Kind::Q8 | Kind::Q6 | Kind::Q5 => None,
     };
     Matrix {
         kind,
@@ -64,6 +95,7 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
         offset,
         n,
         k,
+        low,
     }
 }
 
@@ -82,12 +114,13 @@ impl Matrix {
                 n,
                 k,
             }),
-            Kind::Q8 | Kind::Q8Offset => Weights::Q8(Q8Weights {
+            Kind::Q8 | Kind::Q8Offset | Kind::Q5 | Kind::Q5Offset => Weights::Q8(Q8Weights {
                 qs: signed,
                 scale: &self.scale,
                 offset: self.offset.as_deref(),
                 n,
                 k,
+                low: self.low,
             }),
             Kind::Q6 => Weights::Q6(Q6Weights {
                 qs: signed,
