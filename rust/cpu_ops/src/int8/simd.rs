@@ -75,7 +75,12 @@ pub(super) unsafe fn columns<D: Dot>(
                 scale: w.scale.as_ptr(),
             };
             let offset = w.offset.map(|o| o.as_ptr());
-            columns_of::<D, Q8>(a, f, offset, w.n, cols, y)
+            match w.low {
+                Some(low) => {
+                    columns_of::<D, Narrow>(a, Narrow { q8: f, low }, offset, w.n, cols, y)
+                }
+                None => columns_of::<D, Q8>(a, f, offset, w.n, cols, y),
+            }
         }
         Weights::Q6(w) => super::q6::columns::<D>(a, w, cols, y),
         Weights::Iq4(_) => unreachable!("expanded into q8 blocks first (iq4.rs)"),
@@ -166,8 +171,13 @@ unsafe fn column<D: Dot, F: Format>(
                 } else {
                     group::<D, F>(m, xq, |j| (unpacked.u[g + j], unpacked.signs[g + j]))
                 };
-                let isum = _mm256_cvtepi32_ps(reduce(&sums));
+                let mut isum = _mm256_cvtepi32_ps(reduce(&sums));
                 let at_x = r * a.padded + b0 + g;
+                if let Some(low) = w.low() {
+                    // Σ w q = Σ (w - low) q + low Σ q: integers below 2^24, so exact
+                    let sum = _mm256_loadu_ps(a.sum.as_ptr().add(at_x));
+                    isum = _mm256_fmadd_ps(_mm256_set1_ps(f32::from(low)), sum, isum);
+                }
                 let d = _mm256_loadu_ps(a.d.as_ptr().add(at_x));
                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, d), isum, *acc);
                 if let Some(off) = off {
@@ -272,6 +282,12 @@ trait Format: Copy {
     fn prefetch(self, at: usize);
 
     fn scale(self) -> *const f32;
+
+    /// What the operands are less than the quants (`Q8Weights::low`), to be taken back.
+    #[inline(always)]
+    fn low(self) -> Option<i8> {
+        None
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -330,5 +346,39 @@ impl Format for Q8 {
     #[inline(always)]
     fn scale(self) -> *const f32 {
         self.scale
+    }
+}
+
+/// Q8 blocks whose quants span fewer than 32 values (`Q8Weights::low`): the operand is
+/// `w - low` as u8, no signs to apply, and each block's sum takes `low Σ q` back.
+#[derive(Clone, Copy)]
+struct Narrow {
+    q8: Q8,
+    low: i8,
+}
+
+impl Format for Narrow {
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn unpack(self, at: usize) -> (__m256i, __m256i) {
+        let w = _mm256_loadu_si256(self.q8.qs.add(at * 32) as *const __m256i);
+        let u = _mm256_sub_epi8(w, _mm256_set1_epi8(self.low));
+        (u, u)
+    }
+
+    #[inline(always)]
+    fn prefetch(self, at: usize) {
+        self.q8.prefetch(at)
+    }
+
+    #[inline(always)]
+    fn scale(self) -> *const f32 {
+        self.q8.scale
+    }
+
+    #[inline(always)]
+    fn low(self) -> Option<i8> {
+        Some(self.low)
     }
 }
