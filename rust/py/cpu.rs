@@ -156,6 +156,7 @@ unsafe fn q6_operands<'a>(
         scale: std::slice::from_raw_parts(scale as *const f32, n * k / kvpark_cpu_ops::Q6_GROUP),
         n,
         k,
+        low: None, // one call: not worth a pass over its quants
     };
     let x = std::slice::from_raw_parts(x as *const f32, rows * k);
     (

@@ -25,20 +25,25 @@ pub(super) struct Matrix {
     pub(super) offset: usize,
     pub(super) n: usize,
     pub(super) k: usize,
-    /// Kind '8': `Q8Weights::low`, found once when the decoder is built ([`Matrix::find_low`]).
+    /// Kinds '8' and '6': `Q8Weights::low`, `Q6Weights::low`, found once when the decoder is
+    /// built ([`Matrix::find_low`]).
     #[pyo3(default)]
     pub(super) low: Option<i8>,
 }
 
 impl Matrix {
-    /// Sets `low` for a q8 matrix whose quants span fewer than 32 values (Q5_0, Q5_1).
+    /// Sets `low` for a q8 matrix whose quants span fewer than 32 values (Q5_0, Q5_1), a q6 one
+    /// whose span fewer than 64 (Q6_K, Q3_K).
     ///
     /// # Safety
     /// The matrix's tensors are live, of the sizes its kind and shape say.
     pub(super) unsafe fn find_low(&mut self) {
-        if self.kind == '8' {
-            self.low = narrow_low(slice(self.qs, self.n * self.k));
-        }
+        let span = match self.kind {
+            '8' => 32,
+            '6' => 64,
+            _ => return,
+        };
+        self.low = narrow_low(slice(self.qs, self.n * self.k), span);
     }
 }
 
@@ -158,6 +163,7 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             scale: slice(m.scale, m.n * m.k / Q6_GROUP),
             n: m.n,
             k: m.k,
+            low: m.low,
         }),
         _ => Weights::Q8(Q8Weights {
             qs: slice(m.qs, m.n * m.k),

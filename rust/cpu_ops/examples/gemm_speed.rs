@@ -81,6 +81,7 @@ impl Matrix {
                 scale: &self.scale,
                 n,
                 k,
+                low: None,
             }),
             Kind::Iq4 => Weights::Iq4(Iq4Weights {
                 qs: &self.qs,

@@ -56,6 +56,7 @@ fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
             scale: &c.scale,
             n,
             k,
+            low: None,
         }),
         Kind::Q4 => Weights::Q4(Q4Weights {
             qs: &c.qs,

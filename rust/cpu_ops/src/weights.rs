@@ -29,20 +29,20 @@ pub struct Q8Weights<'a> {
     pub offset: Option<&'a [f32]>,
     pub n: usize,
     pub k: usize,
-    /// `Some(m)` where every `q` lies in `m..m + 32` (Q5_0 and Q5_1 as q8 blocks; [`narrow_low`]
-    /// finds it): AVX2 multiplies such weights as `q - m` in `vpmaddubsw`, four pairs summed in
+    /// `Some(m)` where every `q` lies in `m..m + 32` (Q5_0 and Q5_1 as q8 blocks; `narrow_low(qs,
+    /// 32)` finds it): AVX2 multiplies such weights as `q - m` in `vpmaddubsw`, four pairs summed in
     /// i16, where full-range ones need a `vpmaddwd` per pair (`int8/wide_avx2.rs`). Same bits
     /// either way; a wrong `m` gives wrong sums (no unsafety), so only [`narrow_low`] sets it.
     pub low: Option<i8>,
 }
 
-/// The `m` of [`Q8Weights::low`] for these quants: their least value where the largest is
-/// less than 32 above it, else `None`.
-pub fn narrow_low(qs: &[i8]) -> Option<i8> {
+/// The `m` of [`Q8Weights::low`] (`span` 32) or [`Q6Weights::low`] (`span` 64) for these quants:
+/// their least value where the largest is less than `span` above it, else `None`.
+pub fn narrow_low(qs: &[i8], span: i16) -> Option<i8> {
     let (lo, hi) = qs
         .iter()
         .fold((i8::MAX, i8::MIN), |(lo, hi), &q| (lo.min(q), hi.max(q)));
-    (!qs.is_empty() && i16::from(hi) - i16::from(lo) < 32).then_some(lo)
+    (!qs.is_empty() && i16::from(hi) - i16::from(lo) < span).then_some(lo)
 }
 
 /// IQ4_NL / IQ4_XS weights: `weight = scale * IQ4_TABLE[nibble]`, per block of 32, the
@@ -71,6 +71,9 @@ pub struct Q6Weights<'a> {
     pub scale: &'a [f32],
     pub n: usize,
     pub k: usize,
+    /// `Some(m)` where every `q` lies in `m..m + 64` (Q6_K's, Q3_K's; `narrow_low(qs, 64)`):
+    /// as [`Q8Weights::low`], with two pair sums in i16 rather than four.
+    pub low: Option<i8>,
 }
 
 /// A dense matrix's `[n, k]` values, row-major: f32; IEEE f16 bits (1 sign, 5 exponent, 10

@@ -26,6 +26,7 @@ impl Q6 {
             scale: &self.scale,
             n: self.n,
             k: self.k,
+            low: None,
         }
     }
 

@@ -79,6 +79,10 @@ const Q6: u8 = 3;
 const Q5: u8 = 4;
 /// As [`Q5`], with offsets.
 const Q5_OFFSET: u8 = 5;
+/// [`Q6`] for weights that span fewer than 64 values ([`Q6Weights::low`]: Q6_K's, Q3_K's): as
+/// [`Q5`], with two operand vectors summed in i16 (at most 4 · 63 · 127 = 32,004 a lane) before
+/// each `vpmaddwd`, and each half's sum corrected by `low` times the activations' half sum.
+const Q6_NARROW: u8 = 6;
 
 /// Whether a call of `rows` rows against `w` takes this kernel for its whole column groups.
 /// `KVPARK_CPU_WIDE=off` keeps the column kernels (same bits: for measuring), and so does
@@ -105,6 +109,8 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     let blocks = a.k / BLOCK;
     assert!(c0 + COLUMNS <= w.n() && a.k == w.k() && a.padded.is_multiple_of(LANES));
     assert!(a.q16.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
+    // the narrow kinds read the i8 quants and Q6's the half sums
+    assert!(a.q.len() == a.rows * a.k && a.lo.len().min(a.hi.len()) == a.rows * a.padded);
     GROUP.with_borrow_mut(|g| {
         if g.len() < blocks {
             // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
@@ -123,7 +129,11 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             }
             Weights::Q6(w) => {
                 transpose_q6(w, c0, blocks, g);
-                Q6
+                if w.low.is_some() {
+                    Q6_NARROW
+                } else {
+                    Q6
+                }
             }
             Weights::Iq4(w) => {
                 transpose_iq4(w, c0, blocks, g);
@@ -133,6 +143,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
         let g = &g[..blocks];
         let low = match w {
             Weights::Q8(w) => w.low.unwrap_or(0),
+            Weights::Q6(w) => w.low.unwrap_or(0),
             _ => 0,
         };
         match kind {
@@ -140,6 +151,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0, low),
             Q5 => tiles::<Q5>(a, g, y, w.n(), c0, low),
             Q5_OFFSET => tiles::<Q5_OFFSET>(a, g, y, w.n(), c0, low),
+            Q6_NARROW => tiles::<Q6_NARROW>(a, g, y, w.n(), c0, low),
             _ => tiles::<Q6>(a, g, y, w.n(), c0, low),
         }
     })
@@ -181,6 +193,7 @@ unsafe fn tile<const R: usize, const K: u8>(
     low: i8,
 ) {
     let narrow = K == Q5 || K == Q5_OFFSET;
+    let narrow6 = K == Q6_NARROW;
     let xq: [*const i16; R] = std::array::from_fn(|r| a.q16.as_ptr().add((r0 + r) * a.k));
     let xq8: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let low = _mm256_set1_ps(f32::from(low));
@@ -218,9 +231,44 @@ unsafe fn tile<const R: usize, const K: u8>(
                     }
                 }
             }
+            if narrow6 {
+                // each half (four quad vectors) as two i16 sums of two `vpmaddubsw`, then
+                // combined with its scale, as Q6 does
+                for half in 0..2 {
+                    let mut sums = [_mm256_setzero_si256(); R];
+                    for two in 0..2 {
+                        let mut pairs = [_mm256_setzero_si256(); R];
+                        for u in 0..2 {
+                            let t = 4 * half + 2 * two + u;
+                            let w = blk.pairs[t];
+                            for r in 0..R {
+                                let x = xq8[r].add(b * BLOCK + 4 * t) as *const i32;
+                                let x = _mm256_set1_epi32(x.read_unaligned());
+                                let p = _mm256_maddubs_epi16(w, x);
+                                pairs[r] = if u == 0 {
+                                    p
+                                } else {
+                                    _mm256_add_epi16(pairs[r], p)
+                                };
+                            }
+                        }
+                        for r in 0..R {
+                            let wide = _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1));
+                            sums[r] = _mm256_add_epi32(sums[r], wide);
+                        }
+                    }
+                    let half_sums = if half == 0 { a.lo } else { a.hi };
+                    for r in 0..R {
+                        let q_sum = _mm256_set1_ps(*half_sums.as_ptr().add(at[r] + b));
+                        let isum = _mm256_fmadd_ps(low, q_sum, _mm256_cvtepi32_ps(sums[r]));
+                        let scale = _mm256_mul_ps(blk.scale[half], d(r));
+                        acc[r] = _mm256_fmadd_ps(scale, isum, acc[r]);
+                    }
+                }
+            }
             // in quarters of four pairs, each unrolled: the loop's counter and branch took ports
             // the multiplies and additions need
-            for quarter in (0..4).filter(|_| !narrow) {
+            for quarter in (0..4).filter(|_| !narrow && !narrow6) {
                 for u in 0..4 {
                     let m = 4 * quarter + u;
                     let w = blk.pairs[m];
@@ -238,7 +286,7 @@ unsafe fn tile<const R: usize, const K: u8>(
                     }
                 }
             }
-            if K != Q6 {
+            if K != Q6 && !narrow6 {
                 for r in 0..R {
                     let mut isum = _mm256_cvtepi32_ps(dots[r]);
                     if narrow {
@@ -344,7 +392,10 @@ unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Bloc
 /// Q6: 32 int8 per block as Q8, and two scales per block.
 #[inline(always)]
 unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
-    transpose_bytes(w.qs.as_ptr(), c0, blocks, g);
+    match w.low {
+        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low),
+        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g),
+    }
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
         blk.scale[1] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 1);

@@ -43,9 +43,11 @@ pub enum Kind {
     Q5,
     /// The same with offsets (as Q5_1's, 0..32).
     Q5Offset,
+    /// Q6 whose quants span 64 values (as Q6_K's, -32..32), at a random place in the i8 range.
+    Q6Narrow,
 }
 
-pub const KINDS: [Kind; 7] = [
+pub const KINDS: [Kind; 8] = [
     Kind::Q4,
     Kind::Q4Signed,
     Kind::Q8,
@@ -53,29 +55,35 @@ pub const KINDS: [Kind; 7] = [
     Kind::Q6,
     Kind::Q5,
     Kind::Q5Offset,
+    Kind::Q6Narrow,
 ];
 
 pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     let blocks = n * k / BLOCK;
     let q4 = matches!(kind, Kind::Q4 | Kind::Q4Signed);
     let bytes = if q4 { n * k / 2 } else { n * k };
-    let narrow = matches!(kind, Kind::Q5 | Kind::Q5Offset);
-    // a window of 32 values anywhere in the i8 range, its ends included sometimes
+    let span: u32 = match kind {
+        Kind::Q5 | Kind::Q5Offset => 32,
+        Kind::Q6Narrow => 64,
+        _ => 256,
+    };
+    // a window of `span` values anywhere in the i8 range, its ends included sometimes
     let least = match lcg(seed) % 4 {
         0 => -128,
-        1 => 127 - 31,
-        _ => (lcg(seed) % 225) as i32 - 128,
+        1 => 128 - span as i32,
+        _ => (lcg(seed) % (257 - span)) as i32 - 128,
     };
     let qs: Vec<u8> = (0..bytes)
-        .map(|_| match narrow {
-            true => (least + (lcg(seed) % 32) as i32) as i8 as u8,
-            false => lcg(seed) as u8,
-        })
+        .map(|_| (least + (lcg(seed) % span) as i32) as i8 as u8)
         .collect();
     // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
     let signed = unsafe { std::slice::from_raw_parts(qs.as_ptr() as *const i8, qs.len()) };
-    let low = if narrow { narrow_low(signed) } else { None };
-    let scales = if matches!(kind, Kind::Q6) {
+    let low = if span < 256 {
+        narrow_low(signed, span as i16)
+    } else {
+        None
+    };
+    let scales = if matches!(kind, Kind::Q6 | Kind::Q6Narrow) {
         2 * blocks
     } else {
         blocks
@@ -86,7 +94,7 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
             Some((0..blocks).map(|_| unit(seed)).collect())
         }
         Kind::Q4Signed => Some(scale.iter().map(|s| -8.0 * s).collect()),
-        Kind::Q8 | Kind::Q6 | Kind::Q5 => None,
+        Kind::Q8 | Kind::Q6 | Kind::Q6Narrow | Kind::Q5 => None,
     };
     Matrix {
         kind,
@@ -122,11 +130,12 @@ impl Matrix {
                 k,
                 low: self.low,
             }),
-            Kind::Q6 => Weights::Q6(Q6Weights {
+            Kind::Q6 | Kind::Q6Narrow => Weights::Q6(Q6Weights {
                 qs: signed,
                 scale: &self.scale,
                 n,
                 k,
+                low: self.low,
             }),
         }
     }
@@ -134,7 +143,7 @@ impl Matrix {
     /// Whether a block updates its lane twice in the int8 combine (an offset term, or Q6's two
     /// halves).
     pub fn two_updates(&self) -> bool {
-        self.offset.is_some() || matches!(self.kind, Kind::Q6)
+        self.offset.is_some() || matches!(self.kind, Kind::Q6 | Kind::Q6Narrow)
     }
 
     /// Weight `i` of column `c` as `(scale, quant, offset)`: weight = scale * quant + offset.
@@ -153,7 +162,7 @@ impl Matrix {
         };
         let o = self.offset.as_ref().map_or(0.0, |o| f64::from(o[at]));
         let s = match self.kind {
-            Kind::Q6 => self.scale[(c * self.k + i) / Q6_GROUP],
+            Kind::Q6 | Kind::Q6Narrow => self.scale[(c * self.k + i) / Q6_GROUP],
             _ => self.scale[at],
         };
         (f64::from(s), q, o)
