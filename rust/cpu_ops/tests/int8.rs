@@ -94,7 +94,7 @@ proptest! {
 }
 
 /// Sixteen columns side by side (AVX-512 VNNI's `wide.rs`, from two rows) and eight (AVX2's
-/// `wide_avx2.rs`: Q6 and narrow Q8 from two rows, Q8 from eight): every kind, whole groups beside a tail of
+/// `wide_avx2.rs`: Q6 and narrow Q8 from two rows, Q8 from five): every kind, whole groups beside a tail of
 /// columns, tiles of four rows beside a remainder, a block count that
 /// leaves the eight lanes uneven, a longer row after a shorter one (the per-thread transposed
 /// group grows) and a shorter after it: the plain bits, on one thread and on three.

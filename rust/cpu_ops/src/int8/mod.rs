@@ -302,7 +302,8 @@ pub(crate) struct Activations<'a> {
     pub padded: usize,
     /// One row's `q` in the order of `one_row.rs` (empty for more rows, or off).
     pub pairs: &'a [i8],
-    /// `[rows, k]`: `q` as i16 for `wide_avx2.rs` (empty but for several rows on AVX2).
+    /// `[rows, k]`: `q` as i16 for `wide_avx2.rs`, each quad in the order 0, 2, 1, 3 (its
+    /// weight pairs'), empty but for several rows on AVX2.
     pub q16: &'a [i16],
 }
 

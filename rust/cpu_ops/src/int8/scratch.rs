@@ -88,7 +88,10 @@ impl I8Scratch {
         half_sums(&self.q, k, &mut self.lo, &mut self.hi);
         self.q16.clear();
         if rows >= 2 && kernel == I8Kernel::Avx2 {
-            self.q16.extend(self.q.iter().map(|v| i16::from(*v)));
+            // each quad as 0, 2, 1, 3: the pairs wide_avx2.rs widens the weights into
+            let quads = self.q.chunks_exact(4);
+            self.q16
+                .extend(quads.flat_map(|q| [q[0], q[2], q[1], q[3]].map(i16::from)));
         }
         self.pairs.clear();
         #[cfg(target_arch = "x86_64")]

@@ -16,14 +16,17 @@
 //! low`: [`Q5`].) So both sides go in as i16 and `vpmaddwd` multiplies pairs
 //! into i32 directly, one instruction per 16 products: the quantiser keeps an i16 copy of the
 //! activations for this kernel (`I8Scratch`), and per call each group of eight columns is
-//! transposed once into a per-thread buffer ([`Block8`]): vector `m` of a block holds weights
-//! `2m, 2m + 1` of each column as an i16 pair (IQ4's nibbles looked up in its table first).
+//! transposed once into a per-thread buffer ([`Block8`]): vector `m` of a block holds two
+//! weights of each column as an i16 pair (`4t, 4t + 2` for `m = 2t`, `4t + 1, 4t + 3` for `m = 2t
+//! + 1`: [`set_pairs`] says why; the i16 activations come in the same order), IQ4's nibbles
+//! looked up in its table first.
 //! Every product and sum is an exact integer (at most `32 · 128 · 127` a block), and the float
 //! combine is `int8`'s, block by block in lane order (blocks `l, l + 8, ...` into accumulator `l`,
 //! the eight added in `plain::hsum`'s tree): the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use super::{Activations, LANES};
@@ -39,15 +42,19 @@ const TILE: usize = 4;
 /// Rows from which a call takes this kernel for Q6 and IQ4: below it the transposition costs
 /// more than the column kernels' reductions it saves.
 pub(super) const MIN_ROWS: usize = 2;
-/// The same for Q8, whose column kernel has no de-interleaving or table to pay for: at four rows
-/// this one ran at 0.86-1.12x its rate by shape, at eight 0.94-1.24x, at prompt sizes 2-2.8x.
-const MIN_ROWS_Q8: usize = 8;
+/// The same for Q8, whose column kernel has no de-interleaving or table to pay for. Timed against
+/// it on two threads, weights from memory (SmolLM2's shapes): at five rows this one took 0.8x
+/// its time for gate-up (k = 576) and the head, 1.1x for down (k = 1536, whose column kernel
+/// reduces once per 1,536 products); at three and four it lost more on down than it gained on
+/// the rest; at six and up it won on every shape (at eight 0.7-0.9x, at prompt sizes 2-2.8x its
+/// rate).
+const MIN_ROWS_Q8: usize = 5;
 
 /// One block of a group, transposed.
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Block8 {
-    /// Vector `m`: weights `2m, 2m + 1` of each column, an i16 pair per i32 lane. The narrow
+    /// Vector `m`: two weights of each column ([`set_pairs`]), an i16 pair per i32 lane. The narrow
     /// kinds ([`Q5`]) hold quads in the first eight instead: vector `t`, weights `4t..4t + 4` of
     /// each column less the matrix's `low`, as u8.
     pairs: [__m256i; 16],
@@ -198,7 +205,9 @@ unsafe fn tile<const R: usize, const K: u8>(
     let xq8: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let low = _mm256_set1_ps(f32::from(low));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
-    let mut lanes = [[_mm256_setzero_ps(); LANES]; R];
+    // every lane is written below before it is read: zeroing the array first was a `memset`
+    // call per tile (~1 % of an eight-row decode step)
+    let mut lanes = [[MaybeUninit::<__m256>::uninit(); LANES]; R];
     for l in 0..LANES {
         let mut acc = [_mm256_setzero_ps(); R];
         // a padding block (b >= blocks) would add +0 to a lane that is never -0: skipped
@@ -302,10 +311,12 @@ unsafe fn tile<const R: usize, const K: u8>(
             }
         }
         for (lanes, acc) in lanes.iter_mut().zip(acc) {
-            lanes[l] = acc;
+            lanes[l] = MaybeUninit::new(acc);
         }
     }
     for (r, l) in lanes.iter().enumerate() {
+        // SAFETY: the loop above wrote lane `l` of every row for each `l` in 0..LANES.
+        let l = l.map(|v| v.assume_init());
         // plain::hsum's tree, eight columns at once
         let v = _mm256_add_ps(
             _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
@@ -317,7 +328,8 @@ unsafe fn tile<const R: usize, const K: u8>(
     }
 }
 
-/// Activation pair `m` (values `2m, 2m + 1` of the block at `x`) in every lane.
+/// Activation pair `m` of the block at `x` (values `2m, 2m + 1` of `q16`'s order: [`set_pairs`]'s
+/// weights of vector `m`) in every lane.
 #[inline(always)]
 unsafe fn pair(x: *const i16, m: usize) -> __m256i {
     _mm256_set1_epi32((x.add(2 * m) as *const i32).read_unaligned())
@@ -367,7 +379,7 @@ unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Bl
             let v = _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
             let lo = _mm_shuffle_epi8(table, _mm_and_si128(v, mask));
             let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
-            (lo, hi)
+            _mm256_set_m128i(hi, lo)
         };
         set_pairs(blk, std::array::from_fn(col));
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
@@ -408,10 +420,8 @@ unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Bloc
     let group = qs.add(c0 * blocks * BLOCK);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
-        let col = |c: usize| {
-            let p = group.add((c * blocks + b) * BLOCK) as *const __m128i;
-            (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)))
-        };
+        let col =
+            |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
         set_pairs(blk, std::array::from_fn(col));
     }
 }
@@ -433,16 +443,20 @@ unsafe fn transpose_narrow(qs: *const i8, c0: usize, blocks: usize, g: &mut [Blo
     }
 }
 
-/// Each column's 32 int8 weights (two halves of 16) widened to i16 and transposed: pair `m` of
-/// every column into vector `m`.
+/// Each column's 32 int8 weights transposed a quad at a time, then widened in place: vector
+/// `2t` holds weights `4t, 4t + 2` of every column as an i16 pair, vector `2t + 1` weights
+/// `4t + 1, 4t + 3` (the order of `Activations::q16`).
+///
+/// Why that pairing: an i16 lane of a quad is the weights `4t + 2j` (low byte) and `4t + 2j + 1`
+/// (high byte), so two shifts sign-extend each in place, where pairs of neighbours would need a
+/// widening and a second transposition per half block: per group of eight columns 24 shuffles
+/// and 24 shifts against 16 widenings and 48 shuffles, all on the ports the products use.
 #[inline(always)]
-unsafe fn set_pairs(blk: &mut Block8, cols: [(__m128i, __m128i); COLUMNS]) {
-    // row c of each 8 x 8 matrix of u32: column c's pairs 0..8 (weights 0..16), then 8..16
-    let lo: [__m256i; 8] = std::array::from_fn(|c| _mm256_cvtepi8_epi16(cols[c].0));
-    let hi: [__m256i; 8] = std::array::from_fn(|c| _mm256_cvtepi8_epi16(cols[c].1));
-    let (lo, hi) = (transpose8(lo), transpose8(hi));
-    blk.pairs[..8].copy_from_slice(&lo);
-    blk.pairs[8..].copy_from_slice(&hi);
+unsafe fn set_pairs(blk: &mut Block8, cols: [__m256i; COLUMNS]) {
+    for (t, quads) in transpose8(cols).into_iter().enumerate() {
+        blk.pairs[2 * t] = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(quads));
+        blk.pairs[2 * t + 1] = _mm256_srai_epi16::<8>(quads);
+    }
 }
 
 /// The transpose of the 8 x 8 matrix of u32 whose rows are the eight vectors.
