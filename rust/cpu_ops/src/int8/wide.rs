@@ -24,6 +24,7 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use super::{Activations, LANES};
@@ -154,7 +155,8 @@ unsafe fn tile<const R: usize, const K: u8>(
 ) {
     let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
-    let mut lanes = [[_mm512_setzero_ps(); LANES]; R];
+    // every lane is written below before it is read (zeroed first, it was a `memset` call per tile)
+    let mut lanes = [[MaybeUninit::<__m512>::uninit(); LANES]; R];
     for l in 0..LANES {
         let mut acc = [_mm512_setzero_ps(); R];
         // a padding block (b >= blocks) would add +0 to a lane that is never -0: skipped
@@ -196,10 +198,12 @@ unsafe fn tile<const R: usize, const K: u8>(
             }
         }
         for (lanes, acc) in lanes.iter_mut().zip(acc) {
-            lanes[l] = acc;
+            lanes[l] = MaybeUninit::new(acc);
         }
     }
     for (r, l) in lanes.iter().enumerate() {
+        // SAFETY: the loop above wrote lane `l` of every row for each `l` in 0..LANES.
+        let l = l.map(|v| v.assume_init());
         // plain::hsum's tree, sixteen columns at once
         let v = _mm512_add_ps(
             _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
