@@ -17,13 +17,10 @@
 use std::arch::x86_64::*;
 
 use super::simd::{halves, load_lanes, Dot};
-use super::{Activations, LANES};
+use super::{Activations, LANES, PREFETCH_BLOCKS};
 use crate::threads::Output;
 use crate::tiling::ROW_TILE;
 use crate::weights::{Q6Weights, BLOCK};
-
-/// Columns ahead whose blocks are prefetched while one column is multiplied.
-const PREFETCH_COLUMNS: usize = 2;
 
 /// Output columns `cols` of every row of `a` into `y` (`[rows, n]`).
 ///
@@ -80,15 +77,15 @@ unsafe fn column<D: Dot, const SINGLE: bool>(
         let m = LANES.min(blocks - g);
         let at = base + g;
         for j in 0..m {
-            // the same block two columns on: streams the weights ahead of use (never faults)
-            let ahead = qs.wrapping_add((at + j + PREFETCH_COLUMNS * blocks) * BLOCK);
+            // streams the weights ahead of use (never faults)
+            let ahead = qs.wrapping_add((at + j + PREFETCH_BLOCKS) * BLOCK);
             _mm_prefetch(ahead, _MM_HINT_T0);
             if !SINGLE {
                 signs[j] = _mm256_loadu_si256(qs.add((at + j) * BLOCK) as *const __m256i);
                 u[j] = _mm256_abs_epi8(signs[j]);
             }
         }
-        let ahead = scale.wrapping_add(2 * (at + PREFETCH_COLUMNS * blocks));
+        let ahead = scale.wrapping_add(2 * (at + PREFETCH_BLOCKS));
         _mm_prefetch(ahead as *const i8, _MM_HINT_T0);
         let (s_first, s_second) = scales(scale.add(2 * at), m);
         for (r, acc) in rows.clone().zip(acc.iter_mut()) {

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Activations, LANES};
+use super::{Activations, LANES, PREFETCH_BLOCKS};
 use crate::threads::Output;
 use crate::tiling::ROW_TILE;
 use crate::weights::{Weights, BLOCK};
@@ -31,8 +31,6 @@ pub(super) trait Dot {
 
 /// Blocks unpacked at a time (a multiple of [`LANES`], so groups stay aligned to lanes): 2 KiB.
 const CHUNK: usize = 64;
-/// Columns ahead whose blocks are prefetched while one column is unpacked.
-const PREFETCH_COLUMNS: usize = 2;
 
 /// A column's unpacked blocks: the u8 operands and, for Q8, the signed quants whose signs the
 /// activations take.
@@ -119,13 +117,6 @@ unsafe fn columns_of<D: Dot, F: Format>(
                 y.set((r0 + r) * n + c, *v);
             }
         }
-        // the first cache line of a later column's scales and offsets (the quants are fetched
-        // block by block in `column`)
-        let ahead = (c + PREFETCH_COLUMNS) * blocks;
-        _mm_prefetch(w.scale().wrapping_add(ahead) as *const i8, _MM_HINT_T0);
-        if let Some(o) = offset {
-            _mm_prefetch(o.wrapping_add(ahead) as *const i8, _MM_HINT_T0);
-        }
     }
 }
 
@@ -149,7 +140,7 @@ unsafe fn column<D: Dot, F: Format>(
     while b0 < blocks {
         let len = CHUNK.min(blocks - b0);
         for j in (0..len).filter(|_| !single) {
-            w.prefetch(base + PREFETCH_COLUMNS * blocks + b0 + j);
+            w.prefetch(base + PREFETCH_BLOCKS + b0 + j);
             let (u, signs) = w.unpack(base + b0 + j);
             unpacked.u[j] = u;
             if F::SIGNED {
@@ -159,13 +150,20 @@ unsafe fn column<D: Dot, F: Format>(
         for g in (0..len).step_by(LANES) {
             let m = LANES.min(len - g);
             let at = base + b0 + g;
+            // the scales (and offsets) of the blocks the quants' prefetch reaches: a group's
+            // eight are half a cache line
+            let ahead = at + PREFETCH_BLOCKS;
+            _mm_prefetch(w.scale().wrapping_add(ahead) as *const i8, _MM_HINT_T0);
+            if let Some(o) = offset {
+                _mm_prefetch(o.wrapping_add(ahead) as *const i8, _MM_HINT_T0);
+            }
             let scale = load_lanes(w.scale().add(at), m);
             let off = offset.map(|o| load_lanes(o.add(at), m));
             for (r, acc) in rows.clone().zip(acc.iter_mut()) {
                 let xq = a.q.as_ptr().add(r * a.k + (b0 + g) * BLOCK);
                 let sums = if single {
                     group::<D, F>(m, xq, |j| {
-                        w.prefetch(at + PREFETCH_COLUMNS * blocks + j);
+                        w.prefetch(at + PREFETCH_BLOCKS + j);
                         w.unpack(at + j)
                     })
                 } else {
