@@ -11,6 +11,7 @@ failed request keeps its error and never raises: one bad request must not end a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from kvpark.bench.sse_http import ConnectError, HttpStatusError, ProtocolError, post_lines
 from kvpark.bench.workload import RequestSpec
 
 
@@ -160,31 +162,25 @@ def _absorb(result: RequestResult, chunk: dict[str, Any], now: float) -> None:
 
 
 async def stream_one(
-    client: httpx.AsyncClient,
     target: Target,
     body: RequestBody,
     spec: RequestSpec,
     t0: float,
     result: RequestResult | None = None,
 ) -> RequestResult:
-    """Send one streaming request and record it into ``result`` (a new one by default).
+    """Send one streaming request and record it into ``result`` (a new one by default), over
+    its own connection (``sse_http``: a client that costs the shared cores little per chunk).
 
     Errors land in ``result.error``; a caller that cancels it (a timeout) keeps what was recorded.
     """
     result = result if result is not None else RequestResult(spec.index)
     result.sent_s = time.perf_counter() - t0
+    url = target.url.rstrip("/") + body.path()
     try:
-        async with client.stream(
-            "POST",
-            target.url.rstrip("/") + body.path(),
-            json=body.render(spec),
-            headers=target.headers(),
-        ) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {text[:300]}"
-                return result
-            async for line in response.aiter_lines():
+        async with contextlib.aclosing(
+            post_lines(url, body.render(spec), target.headers())
+        ) as lines:
+            async for line in lines:
                 now = time.perf_counter() - t0
                 if line.startswith(":"):
                     comment = line[1:].strip()
@@ -197,7 +193,10 @@ async def stream_one(
                     if data == "[DONE]":
                         break
                     _absorb(result, json.loads(data), now)
-    except (httpx.HTTPError, json.JSONDecodeError, asyncio.TimeoutError) as exc:
+    except HttpStatusError as exc:
+        result.error = f"HTTP {exc.status}: {exc.body[:300]}"
+    except (ConnectError, ProtocolError, OSError, EOFError, ValueError) as exc:
+        # EOFError: the connection closed mid-chunk; ValueError: a data line not JSON
         result.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         result.done_s = time.perf_counter() - t0
@@ -222,24 +221,20 @@ async def run_level(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     places = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    http_timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-    async with httpx.AsyncClient(timeout=http_timeout, limits=limits, trust_env=False) as client:
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
 
-        async def one(spec: RequestSpec) -> RequestResult:
-            await asyncio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - t0)))
-            result = RequestResult(spec.index)
-            async with places:
-                try:
-                    sending = stream_one(client, target, body, spec, t0, result)
-                    await asyncio.wait_for(sending, timeout_s)
-                except asyncio.TimeoutError:
-                    result.error = f"timed out after {timeout_s:g} s"
-            return result
+    async def one(spec: RequestSpec) -> RequestResult:
+        await asyncio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - t0)))
+        result = RequestResult(spec.index)
+        async with places:
+            try:
+                await asyncio.wait_for(stream_one(target, body, spec, t0, result), timeout_s)
+            except asyncio.TimeoutError:
+                result.error = f"timed out after {timeout_s:g} s"
+        return result
 
-        results = await asyncio.gather(*(one(spec) for spec in specs))
-        wall_s = time.perf_counter() - t0
+    results = await asyncio.gather(*(one(spec) for spec in specs))
+    wall_s = time.perf_counter() - t0
     return wall_s, list(results)
 
 

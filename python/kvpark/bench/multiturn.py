@@ -21,8 +21,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from kvpark.bench.client import RequestResult, Target, stream_one
 from kvpark.bench.report import RunResult, request_record, summarize_level
 from kvpark.bench.workload import RequestSpec, prompt_text
@@ -55,7 +53,6 @@ def user_message(seed: int, conversation: int, turn: int) -> str:
 
 
 async def conversation(
-    client: httpx.AsyncClient,
     target: Target,
     options: BenchOptions,
     index: int,
@@ -73,9 +70,7 @@ async def conversation(
         )
         result = RequestResult(spec.index)
         try:
-            await asyncio.wait_for(
-                stream_one(client, target, body, spec, t0, result), options.timeout_s
-            )
+            await asyncio.wait_for(stream_one(target, body, spec, t0, result), options.timeout_s)
         except asyncio.TimeoutError:
             result.error = f"timed out after {options.timeout_s:g} s"
         results.append(result)
@@ -131,14 +126,11 @@ async def multiturn(target: Target, options: BenchOptions) -> RunResult:
     system = system_prompt(options.seed, options.prompt_tokens)
     summaries = []
     for n in options.concurrency:
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        timeout = httpx.Timeout(options.timeout_s, connect=min(options.timeout_s, 10.0))
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-            t0 = time.perf_counter()
-            per = await asyncio.gather(
-                *(conversation(client, target, options, i, system, t0) for i in range(n))
-            )
-            wall_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        per = await asyncio.gather(
+            *(conversation(target, options, i, system, t0) for i in range(n))
+        )
+        wall_s = time.perf_counter() - t0
         results = [r for turns in per for r in turns]
         run.levels.append(summarize_level(n, wall_s, results))
         run.requests[n] = [{**request_record(r), "cached_tokens": r.cached_tokens} for r in results]
