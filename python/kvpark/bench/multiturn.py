@@ -19,14 +19,12 @@ import random
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvpark.bench.client import RequestResult, Target, stream_one
+from kvpark.bench.options import BenchOptions
 from kvpark.bench.report import RunResult, request_record, summarize_level
 from kvpark.bench.workload import RequestSpec, prompt_text
-
-if TYPE_CHECKING:  # scenarios.py imports this module
-    from kvpark.bench.options import BenchOptions
 
 FIRST_MEASURED_TURN = 3  # turns before it warm the cache; the median TTFT is over the rest
 QUESTIONS = (
