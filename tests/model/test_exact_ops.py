@@ -7,16 +7,20 @@ golden bits differ between CPU models and BLAS versions.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kvpark.model.ops import KVCache, block_weights, chunked_attention, exact_attention
+from kvpark.model.ops import tiled_linear as tiled_linear_module
 from kvpark.model.ops.cpu_attention import NativeDecode
 from kvpark.model.ops.op_set import OpSet
-from kvpark.model.ops.tiled_linear import tiled_linear
+from kvpark.model.ops.tiled_linear import TILE_CHOICES, tiled_linear
 from support.attention import PAGE, STEPS, make_step, reference, tiny_arch
 
 LINEAR_SHAPES = [(64, 96), (576, 960), (1536, 576)]  # (in, out); the last two are SmolLM2's
@@ -65,6 +69,62 @@ def check_tiled_linear(shape: tuple[int, int], dtype: torch.dtype) -> None:
             assert (out.float() - want).abs().max().item() < (
                 1e-4 if dtype == torch.float32 else 0.1
             )
+
+
+# The capped run: kvpark imported first, so KVPARK_CPU_ISA=avx2 caps MKL, oneDNN and ATen before
+# torch loads (config/env.py); each row of a tile against the same row heading a tile of others.
+UNDER_AVX2 = """
+import kvpark, torch
+from kvpark.model.ops.tiled_linear import row_tile, tiled_linear
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    for n_in, n_out in ((64, 96), (576, 960), (1536, 576)):
+        g = torch.Generator().manual_seed(n_in)
+        weight = torch.randn(n_out, n_in, generator=g) / n_in**0.5
+        for rows in (7, 8, 9, 12, 17):
+            x = torch.randn(rows, n_in, generator=g)
+            out = tiled_linear(x, weight)
+            for at in range(rows):
+                alone = tiled_linear(x[at : at + 1], weight)[0]
+                assert torch.equal(out[at], alone), (threads, n_in, rows, at)
+        print(threads, n_in, row_tile(weight.device, weight.dtype, n_in, n_out, threads))
+"""
+
+
+def test_tiled_linear_rows_are_invariant_under_the_avx2_cap() -> None:
+    """MKL's AVX2 kernels (an AVX2-only Intel CPU, or the cap on any x86 CPU) compute an 8-row
+    tile in strips of six rows: its last two rows got other bits before the tile was probed."""
+    env = {**os.environ, "KVPARK_CPU_ISA": "avx2"}
+    done = subprocess.run(
+        [sys.executable, "-c", UNDER_AVX2], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tiles = [int(line.split()[2]) for line in done.stdout.splitlines()]
+    assert len(tiles) == 6 and all(t in TILE_CHOICES or t == 1 for t in tiles)
+
+
+def test_the_probe_refuses_a_tile_whose_rows_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product that gives a tile's last row other bits (as MKL's AVX2 strips do) moves the
+    probe to the next choice; one that does so for every tile leaves one row a product."""
+    real = tiled_linear_module._product
+    limited: set[int] = set()
+
+    def skewed(x: torch.Tensor, weight: torch.Tensor, tile: int) -> torch.Tensor:
+        out = real(x, weight, tile)
+        if tile in limited:
+            out[tile - 1 :: tile] = out[tile - 1 :: tile] * (1 + 2**-20)
+        return out
+
+    monkeypatch.setattr(tiled_linear_module, "_product", skewed)
+    tiled_linear_module.row_tile.cache_clear()
+    try:
+        limited.add(8)
+        assert tiled_linear_module.row_tile(torch.device("cpu"), torch.float32, 64, 96, 1) == 12
+        tiled_linear_module.row_tile.cache_clear()
+        limited.update(TILE_CHOICES)
+        assert tiled_linear_module.row_tile(torch.device("cpu"), torch.float32, 64, 96, 1) == 1
+    finally:
+        tiled_linear_module.row_tile.cache_clear()
 
 
 def _pool(dtype: torch.dtype, n_kv: int, d: int, n_pages: int = 400) -> KVCache:
