@@ -94,10 +94,12 @@ proptest! {
 }
 
 /// Sixteen columns side by side (AVX-512 VNNI's `wide.rs`, from two rows) and eight (AVX2's
-/// `wide_avx2.rs`: Q6 and narrow Q8 from two rows, Q8 from five): every kind, whole groups beside a tail of
-/// columns, tiles of four rows beside a remainder, a block count that
-/// leaves the eight lanes uneven, a longer row after a shorter one (the per-thread transposed
-/// group grows) and a shorter after it: the plain bits, on one thread and on three.
+/// `wide_avx2.rs`: Q6 and narrow Q8 from two rows, Q8 from five; `side_by_side.rs` for Q4):
+/// every kind, whole groups beside a tail of columns, tiles of four rows beside a remainder, a
+/// block count that leaves the eight lanes uneven, a longer row after a shorter one (the
+/// per-thread transposed group grows) and a shorter after it, and rows of 8192 (a 1B model's
+/// down projection, past the 2048 AVX2's Q4 kernel once held): the plain bits, on one thread and
+/// on three.
 #[test]
 fn sixteen_columns_side_by_side_give_the_plain_bits() {
     let mut s = 11;
@@ -110,6 +112,7 @@ fn sixteen_columns_side_by_side_give_the_plain_bits() {
             (9, 16, 7),
             (17, 29, 9),
             (16, 8, 48),
+            (6, 16, 256),
         ] {
             let k = blocks * BLOCK;
             let m = matrix(kind, n, k, &mut s);

@@ -15,6 +15,7 @@
 //! row's dots do, so one row keeps `simd.rs` ([`MIN_ROWS`]).
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::{Activations, LANES};
@@ -23,8 +24,6 @@ use crate::weights::{Q4Weights, BLOCK};
 
 /// Columns per group: the eight i32 (or f32) lanes of a 256-bit vector.
 pub(super) const GROUP: usize = 8;
-/// Blocks of a column the stack scratch holds (k up to 2048); longer rows keep `simd.rs`.
-pub(super) const MAX_BLOCKS: usize = 64;
 /// Rows from which a call takes this kernel.
 pub(super) const MIN_ROWS: usize = 2;
 
@@ -48,19 +47,28 @@ pub(super) trait Quads {
     unsafe fn finish(sums: __m256i) -> __m256i;
 }
 
-/// One group's blocks, transposed: per block the eight operand vectors (weights `4t..4t + 4` of
-/// each column in vector `t`, weights `16 + 4t..` in vector `4 + t`), and the columns' scales
-/// and offsets as one vector each.
-struct Group {
-    quads: [[__m256i; 8]; MAX_BLOCKS],
-    scale: [__m256; MAX_BLOCKS],
-    offset: [__m256; MAX_BLOCKS],
+/// One block of a group, transposed: the eight operand vectors (weights `4t..4t + 4` of each
+/// column in vector `t`, weights `16 + 4t..` in vector `4 + t`), and the columns' scale and
+/// offset as one vector each.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Block8 {
+    quads: [__m256i; 8],
+    scale: __m256,
+    offset: __m256,
+}
+
+thread_local! {
+    /// The transposed group, reused by every call on this thread and grown to the longest row
+    /// seen. (A fixed stack array of 64 blocks had left rows longer than 2048, a 1B model's
+    /// 8192-wide down projection, on `simd.rs`: a quarter of an AVX2 Q4_K_M prefill.)
+    static TRANSPOSED: RefCell<Vec<Block8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Whether a call of `rows` rows against `w` takes this kernel for its column groups.
 /// `KVPARK_CPU_SIDE_BY_SIDE=off` keeps every call on `simd.rs` (same bits: for measuring).
 pub(super) fn takes(rows: usize, w: &Q4Weights<'_>) -> bool {
-    enabled() && rows >= MIN_ROWS && w.k / BLOCK <= MAX_BLOCKS
+    enabled() && rows >= MIN_ROWS && w.k >= BLOCK
 }
 
 /// Whether the side-by-side kernels (this one and `side_by_side_q8.rs`) are on.
@@ -76,22 +84,31 @@ pub(super) fn enabled() -> bool {
 #[inline(always)]
 pub(super) unsafe fn group<D: Quads>(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
     let blocks = a.k / BLOCK;
-    assert!(c0 + GROUP <= w.n && blocks <= MAX_BLOCKS && a.k == w.k);
+    assert!(c0 + GROUP <= w.n && blocks > 0 && a.k == w.k);
     assert!(w.qs.len() == w.n * blocks * 16 && w.scale.len() == w.n * blocks);
     assert!(w.offset.len() == w.scale.len() && a.padded.is_multiple_of(LANES));
     assert!(a.q.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
-    let mut g = std::mem::MaybeUninit::<Group>::uninit();
-    let g = g.as_mut_ptr();
-    transpose(w, c0, blocks, g);
-    let g = &*g; // every block below `blocks` was written
+    // the buffer as a plain slice, not inside `with_borrow_mut`'s closure: a closure does not
+    // inherit the caller's target features, and the tiles' intrinsics there became calls (35x)
+    let g = TRANSPOSED.with_borrow_mut(|g| {
+        if g.len() < blocks {
+            // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
+            g.resize(blocks, std::mem::zeroed());
+        }
+        g.as_mut_ptr()
+    });
+    // SAFETY: the thread's buffer holds at least `blocks` entries, and nothing else touches it
+    // (or resizes it) on this thread until this call returns: no kernel calls back in here.
+    let g = std::slice::from_raw_parts_mut(g, blocks);
+    transpose(w, c0, g);
     let mut r0 = 0;
     while r0 < a.rows {
         let left = a.rows - r0;
         match left {
-            1 => tile::<D, 1>(a, g, blocks, r0, y, w.n, c0),
-            2 => tile::<D, 2>(a, g, blocks, r0, y, w.n, c0),
-            3 => tile::<D, 3>(a, g, blocks, r0, y, w.n, c0),
-            _ => tile::<D, TILE>(a, g, blocks, r0, y, w.n, c0),
+            1 => tile::<D, 1>(a, g, r0, y, w.n, c0),
+            2 => tile::<D, 2>(a, g, r0, y, w.n, c0),
+            3 => tile::<D, 3>(a, g, r0, y, w.n, c0),
+            _ => tile::<D, TILE>(a, g, r0, y, w.n, c0),
         }
         r0 += left.min(TILE);
     }
@@ -106,8 +123,7 @@ const TILE: usize = 4;
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<D: Quads, const R: usize>(
     a: &Activations<'_>,
-    g: &Group,
-    blocks: usize,
+    g: &[Block8],
     r0: usize,
     y: &Output,
     n: usize,
@@ -116,6 +132,7 @@ unsafe fn tile<D: Quads, const R: usize>(
     let xq: [*const i8; R] = std::array::from_fn(|i| a.q.as_ptr().add((r0 + i) * a.k));
     let d: [*const f32; R] = std::array::from_fn(|i| a.d.as_ptr().add((r0 + i) * a.padded));
     let sum: [*const f32; R] = std::array::from_fn(|i| a.sum.as_ptr().add((r0 + i) * a.padded));
+    let blocks = g.len();
     let mut acc = [[_mm256_setzero_ps(); LANES]; R];
     #[allow(clippy::needless_range_loop)] // `l` picks both the blocks and each row's accumulator
     for l in 0..LANES {
@@ -123,7 +140,7 @@ unsafe fn tile<D: Quads, const R: usize>(
         for b in (l..a.padded).step_by(LANES) {
             // a padding block updates its lane with zeros, as `plain.rs` does
             if b < blocks {
-                let u = &g.quads[b];
+                let u = &g[b].quads;
                 let mut sums = [_mm256_setzero_si256(); R];
                 for (j, u) in u.iter().enumerate() {
                     let at = b * BLOCK + if j < 4 { 4 * j } else { 16 + 4 * (j - 4) };
@@ -139,7 +156,7 @@ unsafe fn tile<D: Quads, const R: usize>(
                 for i in 0..R {
                     let isum = _mm256_cvtepi32_ps(D::finish(sums[i]));
                     let (db, sb) = (*d[i].add(b), *sum[i].add(b));
-                    combine(&mut lane[i], isum, g.scale[b], Some(g.offset[b]), db, sb);
+                    combine(&mut lane[i], isum, g[b].scale, Some(g[b].offset), db, sb);
                 }
             } else {
                 let z = _mm256_setzero_ps();
@@ -191,9 +208,10 @@ pub(super) unsafe fn store_row(acc: &[__m256; LANES], y: &Output, at: usize) {
     }
 }
 
-/// Writes blocks `0..blocks` of columns `c0..c0 + GROUP` into `g`, transposed.
+/// Writes every block of columns `c0..c0 + GROUP` into `g` (one entry a block), transposed.
 #[inline(always)]
-unsafe fn transpose(w: Q4Weights<'_>, c0: usize, blocks: usize, g: *mut Group) {
+unsafe fn transpose(w: Q4Weights<'_>, c0: usize, g: &mut [Block8]) {
+    let blocks = g.len();
     let qs = w.qs.as_ptr();
     let mask = _mm256_set1_epi8(0x0f);
     // the next group's bytes are contiguous after this one's: ask for them now, so they arrive
@@ -220,7 +238,7 @@ unsafe fn transpose(w: Q4Weights<'_>, c0: usize, blocks: usize, g: *mut Group) {
             _MM_HINT_T0,
         );
     }
-    for b in 0..blocks {
+    for (b, blk) in g.iter_mut().enumerate() {
         let col = |c: usize| qs.add(((c0 + c) * blocks + b) * 16) as *const __m128i;
         // column i in the low half, i + 4 in the high half; then a 4 x 4 transpose of u32 quads
         // per half gives vector t = quad t (bytes 4t..4t + 4) of columns 0..8
@@ -237,20 +255,17 @@ unsafe fn transpose(w: Q4Weights<'_>, c0: usize, blocks: usize, g: *mut Group) {
             _mm256_unpacklo_epi64(hi01, hi23),
             _mm256_unpackhi_epi64(hi01, hi23),
         ];
-        let quads = std::ptr::addr_of_mut!((*g).quads[b]) as *mut __m256i;
         for (i, t) in t.iter().enumerate() {
             // byte j holds weight j (low nibble) and weight j + 16 (high nibble)
-            quads.add(i).write(_mm256_and_si256(*t, mask));
-            quads
-                .add(4 + i)
-                .write(_mm256_and_si256(_mm256_srli_epi16::<4>(*t), mask));
+            blk.quads[i] = _mm256_and_si256(*t, mask);
+            blk.quads[4 + i] = _mm256_and_si256(_mm256_srli_epi16::<4>(*t), mask);
         }
         // the eight columns' values of block b: one strided load each
         let lanes = |p: *const f32| {
             let at = |c: usize| *p.add((c0 + c) * blocks + b);
             _mm256_setr_ps(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7))
         };
-        std::ptr::addr_of_mut!((*g).scale[b]).write(lanes(w.scale.as_ptr()));
-        std::ptr::addr_of_mut!((*g).offset[b]).write(lanes(w.offset.as_ptr()));
+        blk.scale = lanes(w.scale.as_ptr());
+        blk.offset = lanes(w.offset.as_ptr());
     }
 }

@@ -14,10 +14,14 @@
 
 use std::arch::x86_64::*;
 
-use super::side_by_side::{combine, store_row, GROUP, MAX_BLOCKS};
+use super::side_by_side::{combine, store_row, GROUP};
 use super::{Activations, LANES};
 use crate::threads::Output;
 use crate::weights::{Q8Weights, BLOCK};
+
+/// Blocks of a column the stack scratch holds (k up to 2048); longer rows keep `simd.rs`. (On
+/// VNNI this kernel runs only with `wide.rs` off, `KVPARK_CPU_WIDE=off`: a measuring switch.)
+const MAX_BLOCKS: usize = 64;
 
 /// One group's blocks, transposed: per block eight vectors, vector `j` holding weights
 /// `4j..4j + 4` of each of the eight columns (as u8, `w + 128`), and the columns' scales and
