@@ -19,6 +19,7 @@ __all__ = [
     "_blockmm_q8",
     "_blockmm_q8_i8",
     "_cpu_features",
+    "_cpu_pack_q4",
     "_cpu_set_threads",
     "_decode_attention",
     "_rms_norm",
@@ -485,6 +486,22 @@ def _decode_attention(
 def _rms_norm(x: int, n_values: int, weight: int, d: int, eps: float, out: int) -> None:
     """RMSNorm of rows = n_values / d: x [rows, d] f32, weight [d] f32, out like x. Private: see
     kvpark.model.ops.norm, which checks the tensors behind the addresses.
+    """
+
+def _cpu_pack_q4(
+    qs: int,
+    scale: int,
+    offset: int,
+    n: int,
+    k: int,
+    out_qs: int,
+    out_scale: int,
+    out_offset: int,
+) -> None:
+    """Packs a 4-bit matrix (qs [n, k/2] u8, scale and offset [n, k/32] f32, row layout) into the
+    arrays at `out_*` (the same sizes) in the layout of kvpark_cpu_ops::packed, which the
+    decoder's side-by-side kernels read without transposing. `n` a multiple of 16. Private: see
+    kvpark.runner.packed_blocks.
     """
 
 def _cpu_set_threads(n: int) -> None:

@@ -188,6 +188,7 @@ unsafe fn q4_operands<'a>(
         offset: std::slice::from_raw_parts(offset as *const f32, blocks),
         n,
         k,
+        packed: false,
     };
     let x = std::slice::from_raw_parts(x as *const f32, rows * k);
     (
@@ -307,6 +308,51 @@ pub(super) fn _rms_norm(
         )
     };
     kvpark_cpu_ops::rms_norm(x, weight, eps, out).map_err(cpu_ops_err)
+}
+
+/// Packs a 4-bit matrix (qs [n, k/2] u8, scale and offset [n, k/32] f32, row layout) into the
+/// arrays at `out_*` (the same sizes) in the layout of kvpark_cpu_ops::packed, which the
+/// decoder's side-by-side kernels read without transposing. `n` a multiple of 16. Private: see
+/// kvpark.runner.packed_blocks.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _cpu_pack_q4(
+    py: Python<'_>,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    k: usize,
+    out_qs: usize,
+    out_scale: usize,
+    out_offset: usize,
+) -> PyResult<()> {
+    if k % kvpark_cpu_ops::BLOCK != 0 || qs == 0 || out_qs == 0 {
+        return Err(PyValueError::new_err(format!(
+            "cannot pack a [{n}, {k}] matrix"
+        )));
+    }
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
+    // SAFETY: the caller (kvpark.runner.packed_blocks) passes live, C-contiguous arrays of
+    // exactly these sizes and dtypes, the outputs fresh ones that overlap no input.
+    let (w, out) = unsafe {
+        let w = kvpark_cpu_ops::Q4Weights {
+            qs: std::slice::from_raw_parts(qs as *const u8, n * k / 2),
+            scale: std::slice::from_raw_parts(scale as *const f32, blocks),
+            offset: std::slice::from_raw_parts(offset as *const f32, blocks),
+            n,
+            k,
+            packed: false,
+        };
+        let out = (
+            std::slice::from_raw_parts_mut(out_qs as *mut u8, n * k / 2),
+            std::slice::from_raw_parts_mut(out_scale as *mut f32, blocks),
+            std::slice::from_raw_parts_mut(out_offset as *mut f32, blocks),
+        );
+        (w, out)
+    };
+    py.detach(|| kvpark_cpu_ops::pack_q4(w, out.0, out.1, out.2))
+        .map_err(cpu_ops_err)
 }
 
 /// How many threads the CPU kernels (block matmuls, decode attention) use (1: the calling

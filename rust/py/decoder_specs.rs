@@ -145,12 +145,13 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
         'f' => dense(DenseValues::F32(slice(m.qs, m.n * m.k))),
         'h' => dense(DenseValues::F16(slice(m.qs, m.n * m.k))),
         'b' => dense(DenseValues::Bf16(slice(m.qs, m.n * m.k))),
-        '4' => Weights::Q4(Q4Weights {
+        '4' | 'p' => Weights::Q4(Q4Weights {
             qs: slice(m.qs, m.n * m.k / 2),
             scale: slice(m.scale, blocks),
             offset: slice(m.offset, blocks),
             n: m.n,
             k: m.k,
+            packed: m.kind == 'p',
         }),
         'i' => Weights::Iq4(Iq4Weights {
             qs: slice(m.qs, m.n * m.k / 2),
@@ -184,6 +185,7 @@ pub(super) fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResu
     } else {
         let offset = match m.kind {
             '4' => m.offset != 0,
+            'p' => m.offset != 0 && n % kvpark_cpu_ops::PACK == 0,
             '6' | 'i' => m.offset == 0,
             _ => m.kind == '8',
         };

@@ -24,6 +24,7 @@ from kvpark.model.iq4_blocks import iq4_blocks
 from kvpark.model.numpy_weights import load_numpy_weights
 from kvpark.model.weight_arrays import Stacked
 from kvpark.runner.lean_runner import LeanCpuRunner
+from kvpark.runner.packed_blocks import packing_on
 from kvpark.tokenizer.tokenizer import Tokenizer
 from support import tiny_gguf
 from support.kquants import quantised_kquant
@@ -31,7 +32,9 @@ from support.lean_reference import alone_and_beside_others, check_logits, config
 from support.tiny_gguf import write_tiny
 
 Q4_K_M = dict(attn=Q.Q4_K, mlp=Q.Q4_K, down=Q.Q6_K, head=Q.Q6_K, embed=Q.Q8_0)
-KINDS = {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
+# q4 matrices of whole groups of 16 rows are packed where the CPU has AVX-512 VNNI
+Q4 = "q4p" if packing_on() else "q4"
+KINDS = {"qkv_w": Q4, "o_w": Q4, "gate_up_w": Q4, "down_w": "q6"}
 # the default model's Q4_K_M as llama-quantize writes it: rows of 576 take Q5_0 (no K-quant
 # fits them), the 1536-wide down Q6_K or Q4_K; Q5_1 for gate/up as its Q5_K_M has them
 SMALL_ROWS_K_M = dict(attn=Q.Q5_0, mlp=Q.Q5_1, down=Q.Q6_K, head=Q.Q5_0, embed=Q.Q8_0)
@@ -122,8 +125,8 @@ def test_a_q3_k_m_file_runs_lean_as_its_float64_forward(
         ms = layer.matrices
         qkv, gate_up = ms["qkv_w"], ms["gate_up_w"]
         assert isinstance(qkv, Stacked) and isinstance(gate_up, Blocks)
-        assert [getattr(p, "kind", None) for p in qkv.parts] == ["q6", "q6", "q4"]
-        assert gate_up.kind == "q6" and getattr(ms["down_w"], "kind", None) == "q4"
+        assert [getattr(p, "kind", None) for p in qkv.parts] == ["q6", "q6", Q4]
+        assert gate_up.kind == "q6" and getattr(ms["down_w"], "kind", None) == Q4
         assert int(np.abs(gate_up.qs.astype(np.int16)).max()) <= 4  # 3-bit quants, -4..3
     check_logits(r)
     for dot in ("int8", "float32"):

@@ -104,6 +104,12 @@ KNOBS: dict[str, Knob] = {
             "Python's collector instead of freezing them (gc.freeze) once the server is ready.",
         ),
         Knob(
+            "KVPARK_CPU_PACK",
+            "on",
+            "off: keep the lean runner's 4-bit matrices in the file's layout instead of packing "
+            "them at load for AVX-512 VNNI's side-by-side kernel (same bits; for measuring).",
+        ),
+        Knob(
             "KVPARK_CPU_ISA",
             "auto",
             "Cap the CPU paths at avx512, avx2 or plain (auto: what the CPU has): the Rust "

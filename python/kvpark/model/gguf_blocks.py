@@ -19,7 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import kvpark._core as _core
+
 BLOCK = 32
+PACK = 16  # rows per group of a "q4p" matrix (kvpark_cpu_ops::PACK)
 Q6_GROUP = 16  # weights per scale of kind "q6"
 # the values an "iq4" nibble indexes (llama.cpp's kvalues_iq4nl, as the GGUF format defines them)
 IQ4_TABLE = np.array(
@@ -42,6 +45,10 @@ class Blocks:
     float32, one per 16 weights; no offset; weight = scale * q.
     ``kind`` "iq4" (IQ4_NL, IQ4_XS): ``qs`` [out, in / 2] uint8 in q4's nibble order; no offset;
     weight = scale * IQ4_TABLE[nibble]: the "q8" blocks of ``as_q8`` at half their bytes.
+    ``kind`` "q4p": a "q4" matrix of a multiple of ``PACK`` rows packed for the CPU decoder's
+    side-by-side kernels (``packed``; the Rust crate's ``packed`` module has the layout): the
+    same arrays' shapes and values in another order. Rows of ``PACK`` stay together, so ``cat``
+    holds as it is; ``rows`` and ``dequantize`` read it ``unpacked``.
     """
 
     kind: str
@@ -60,6 +67,8 @@ class Blocks:
 
     def rows(self, index: npt.NDArray[np.int64]) -> Blocks:
         """The matrix with its rows reordered (or selected) by ``index``."""
+        if self.kind == "q4p":
+            return self.unpacked().rows(index)
         offset = None if self.offset is None else self.offset[index]
         return Blocks(self.kind, self.qs[index], self.scale[index], offset)
 
@@ -74,6 +83,8 @@ class Blocks:
         """The float32 matrix: ``BlockWeight.dequantize``'s arithmetic, bit for bit."""
         if self.kind == "iq4":
             return self.as_q8().dequantize()
+        if self.kind == "q4p":
+            return self.unpacked().dequantize()
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
         if self.kind in ("q8", "q6"):  # q6: one scale per row of 16, the kernels' one product
@@ -84,6 +95,40 @@ class Blocks:
             q = nibbles(self.qs.reshape(-1, BLOCK // 2).view(np.uint8))
         assert self.offset is not None
         return (scale * q + self.offset.reshape(-1, 1)).reshape(out, inp)
+
+    def packed(self) -> Blocks:
+        """A "q4" matrix of a multiple of ``PACK`` rows as "q4p", in fresh arrays."""
+        out, inp = self.shape
+        if self.kind != "q4" or self.offset is None or out % PACK:
+            raise ValueError(
+                f"packs q4 matrices of a multiple of {PACK} rows, not {self.kind} {self.shape}"
+            )
+        src = [np.ascontiguousarray(a) for a in (self.qs, self.scale, self.offset)]
+        qs, scale, offset = (np.empty_like(a) for a in src)
+        at = [int(a.ctypes.data) for a in (*src, qs, scale, offset)]
+        _core._cpu_pack_q4(at[0], at[1], at[2], out, inp, at[3], at[4], at[5])
+        return Blocks("q4p", qs, scale, offset)
+
+    def unpacked(self) -> Blocks:
+        """A "q4p" matrix as the "q4" one it packs: each group of ``PACK`` rows' blocks from
+        [position, quad of 4 bytes, row, byte] back to [row, block, byte], block ``b`` at
+        ``pack_position(blocks, b)``."""
+        assert self.kind == "q4p" and self.offset is not None
+        out, inp = self.shape
+        blocks = inp // BLOCK
+        at = pack_position(blocks)
+        quads = self.qs.view(np.uint8).reshape(out // PACK, blocks, 4, PACK, 4)
+        qs: npt.NDArray[np.uint8] = quads[:, at].transpose(0, 3, 1, 2, 4)
+        values = [
+            v.reshape(out // PACK, blocks, PACK)[:, at].transpose(0, 2, 1)
+            for v in (self.scale, self.offset)
+        ]
+        return Blocks(
+            "q4",
+            np.ascontiguousarray(qs).reshape(out, inp // 2),
+            np.ascontiguousarray(values[0]).reshape(out, blocks),
+            np.ascontiguousarray(values[1]).reshape(out, blocks),
+        )
 
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
@@ -104,6 +149,15 @@ class Blocks:
             np.concatenate([p.scale for p in parts]),
             offset,
         )
+
+
+def pack_position(blocks: int) -> npt.NDArray[np.intp]:
+    """Where each of a row's ``blocks`` blocks lies in a "q4p" group: lane by lane of the int8
+    combine (blocks l, l + 8, l + 16, ... for lane l = 0..8), the order the kernels walk."""
+    order = np.concatenate([np.arange(lane, blocks, 8) for lane in range(8)])
+    at = np.empty(blocks, np.intp)
+    at[order] = np.arange(blocks)
+    return at
 
 
 def scale_group(kind: str) -> int:

@@ -36,6 +36,7 @@ _DENSE: dict[str, tuple[type[np.generic], str]] = {
 # (q6, Q6_K's int8 with a scale per 16, has no offset: its address goes as 0)
 _BLOCKS: dict[str, tuple[type[np.generic], str]] = {
     "q4": (np.uint8, "4"),
+    "q4p": (np.uint8, "p"),
     "q8": (np.int8, "8"),
     "q6": (np.int8, "6"),
     "iq4": (np.uint8, "i"),

@@ -67,6 +67,7 @@ impl Matrix {
                 offset: &self.offset,
                 n,
                 k,
+                packed: false,
             }),
             Kind::Q8 | Kind::Q8Offset => Weights::Q8(Q8Weights {
                 qs: signed,

@@ -64,6 +64,7 @@ fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
             offset: &c.offset,
             n,
             k,
+            packed: false,
         }),
     }
 }

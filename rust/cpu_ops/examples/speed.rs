@@ -45,6 +45,7 @@ fn main() {
                             offset: &w.offset,
                             n: w.n,
                             k: w.k,
+                            packed: false,
                         };
                         matmul_q4(&x[..rows * w.k], rows, v, &mut y[..rows * w.n]).unwrap();
                     }

@@ -13,6 +13,7 @@
 //! - [`Q4Weights`]: `qs` `[n, k / 2]` bytes, block by block as in GGUF (weight `i` of a block in the
 //!   low nibble of byte `i`, weight `i + 16` in its high nibble); `scale`, `offset` `[n, k / 32]`
 //!   f32: weight = `scale * nibble + offset` (Q4_1 as stored; Q4_0 has `offset = -8 * scale`);
+//!   or the same bytes and values in [`packed`]'s layout, groups of sixteen columns side by side;
 //! - [`Q8Weights`]: `qs` `[n, k]` i8; `scale` and optional `offset` `[n, k / 32]`: weight =
 //!   `scale * q + offset` (Q8_0 has no offset; K-quants repacked at load time to 8-bit quants
 //!   keep their per-block minimum as one);
@@ -46,6 +47,7 @@ mod iq4;
 pub mod isa;
 pub(crate) mod lane_tree;
 mod norm;
+pub mod packed;
 mod plain;
 mod product;
 mod shape;
@@ -58,6 +60,7 @@ pub use dense::{matmul_dense, DenseKernel};
 pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use iq4::IQ4_TABLE;
 pub use norm::rms_norm;
+pub use packed::{pack_q4, PACK};
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;

@@ -18,6 +18,10 @@ pub struct Q4Weights<'a> {
     pub offset: &'a [f32],
     pub n: usize,
     pub k: usize,
+    /// In [`crate::packed`]'s layout (groups of [`crate::PACK`] columns, each block's quads
+    /// side by side, as the side-by-side kernels read them), not row by row: same bytes, same
+    /// results, no per-call transposition.
+    pub packed: bool,
 }
 
 /// 8-bit weights: `weight = scale * q + offset` (no offset: `scale * q`), per block of 32.
@@ -195,6 +199,12 @@ impl Weights<'_> {
             }
             Weights::Q4(w) => {
                 check_blocks(x, y, rows, n, k)?;
+                if w.packed && !n.is_multiple_of(crate::PACK) {
+                    return Err(ShapeError(format!(
+                        "a packed matrix has a multiple of {} columns, not {n}",
+                        crate::PACK
+                    )));
+                }
                 check("qs", w.qs.len(), n * k / 2)?;
                 check("scale", w.scale.len(), n * k / BLOCK)?;
                 check("offset", w.offset.len(), n * k / BLOCK)

@@ -23,6 +23,7 @@ impl Q4 {
             offset: &self.offset,
             n: self.n,
             k: self.k,
+            packed: false,
         }
     }
 

@@ -461,8 +461,13 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
                 }
             }
             Weights::Q4(w) => {
-                let (s, off) = (w.scale[at], w.offset[at]);
-                for (i, q) in w.qs[at * B / 2..(at + 1) * B / 2].iter().enumerate() {
+                let (bytes, s, off) = if w.packed {
+                    crate::packed::block(&w, r, b)
+                } else {
+                    let bytes = w.qs[at * B / 2..(at + 1) * B / 2].try_into();
+                    (bytes.expect("16 bytes a block"), w.scale[at], w.offset[at])
+                };
+                for (i, q) in bytes.iter().enumerate() {
                     o[i] = s.mul_add(f32::from(q & 0x0F), off);
                     o[i + B / 2] = s.mul_add(f32::from(q >> 4), off);
                 }

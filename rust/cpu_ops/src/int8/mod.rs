@@ -101,6 +101,8 @@ mod vnni;
 mod wide;
 #[cfg(target_arch = "x86_64")]
 mod wide_avx2;
+#[cfg(target_arch = "x86_64")]
+mod wide_packed;
 
 pub use scratch::{I8Scratch, QuantisedRow};
 
@@ -323,6 +325,11 @@ fn columns(
     cols: std::ops::Range<usize>,
     y: &Output,
 ) {
+    if let Weights::Q4(q4) = w {
+        if q4.packed {
+            return packed_columns(kernel, a, q4, cols, y);
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
         // whole groups of sixteen columns side by side, the rest column by column
@@ -392,6 +399,32 @@ fn columns(
         }
     }
     columns_one_by_one(kernel, a, w, cols, y)
+}
+
+/// Output columns `cols` of every row of a matrix packed at load ([`crate::packed`]): whole
+/// groups on `wide_packed.rs`, which reads that layout as it lies, for any number of rows; the
+/// rest, and every column where that kernel cannot run or is off, unpacked a group at a time
+/// for the others (same bits, slower: the loader packs only where the wide kernel runs).
+fn packed_columns(
+    kernel: I8Kernel,
+    a: &Activations<'_>,
+    w: Q4Weights<'_>,
+    cols: std::ops::Range<usize>,
+    y: &Output,
+) {
+    let mut c = cols.start;
+    #[cfg(target_arch = "x86_64")]
+    if kernel == I8Kernel::Avx512Vnni && wide::on() {
+        while c.is_multiple_of(wide::COLUMNS) && c + wide::COLUMNS <= cols.end {
+            // SAFETY: the kernel runs here (matmul_i8 checked), the group lies inside the
+            // matrix, starts a packed group, and `a` was quantised for `w`.
+            unsafe { wide_packed::group(a, w, c, y) };
+            c += wide::COLUMNS;
+        }
+    }
+    crate::packed::unpacked_columns(w, a.rows, c..cols.end, y, &|w, c, y| {
+        columns(kernel, a, w, c, y)
+    })
 }
 
 /// Output columns `cols` of every row, each column on its own.

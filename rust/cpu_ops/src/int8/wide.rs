@@ -35,7 +35,7 @@ use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK
 /// Columns per group: the sixteen i32 (or f32) lanes of a 512-bit vector.
 pub(super) const COLUMNS: usize = 16;
 /// Rows multiplied together against one block's operands in registers.
-const TILE: usize = 4;
+pub(super) const TILE: usize = 4;
 /// Rows from which a call takes this kernel: below it the transposition costs more than the
 /// column kernels' reductions it saves.
 pub(super) const MIN_ROWS: usize = 2;
@@ -73,9 +73,38 @@ const Q6: u8 = 3;
 /// `KVPARK_CPU_WIDE=off` keeps the 256-bit kernels (same bits: for measuring), and
 /// `KVPARK_CPU_SIDE_BY_SIDE=off` turns it off with the other side-by-side kernels.
 pub(super) fn takes(rows: usize, w: &Weights<'_>) -> bool {
+    on() && rows >= MIN_ROWS && !matches!(w, Weights::Dense(_))
+}
+
+/// Whether this kernel may run at all (the switches of [`takes`]); a matrix packed at load
+/// (`wide_packed.rs`) takes it for any number of rows.
+pub(super) fn on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("KVPARK_CPU_WIDE").as_deref() != Ok("off"));
-    on && super::side_by_side::enabled() && rows >= MIN_ROWS && !matches!(w, Weights::Dense(_))
+    on && super::side_by_side::enabled()
+}
+
+/// Each row's eight lane accumulators (every one written) added in `plain::hsum`'s tree,
+/// sixteen columns at once, into its outputs `c0..c0 + COLUMNS`.
+#[inline(always)]
+pub(super) unsafe fn store_rows<const R: usize>(
+    lanes: &[[MaybeUninit<__m512>; LANES]; R],
+    r0: usize,
+    y: &Output,
+    n: usize,
+    c0: usize,
+) {
+    for (r, l) in lanes.iter().enumerate() {
+        // SAFETY: the caller wrote lane `l` of every row for each `l` in 0..LANES.
+        let l = l.map(|v| v.assume_init());
+        let v = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+            _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+        );
+        let mut out = [0.0f32; COLUMNS];
+        _mm512_storeu_ps(out.as_mut_ptr(), v);
+        y.set_array((r0 + r) * n + c0, &out);
+    }
 }
 
 /// Output columns `c0..c0 + COLUMNS` of every row of `a` into `y` (`[rows, n]`).
@@ -201,23 +230,12 @@ unsafe fn tile<const R: usize, const K: u8>(
             lanes[l] = MaybeUninit::new(acc);
         }
     }
-    for (r, l) in lanes.iter().enumerate() {
-        // SAFETY: the loop above wrote lane `l` of every row for each `l` in 0..LANES.
-        let l = l.map(|v| v.assume_init());
-        // plain::hsum's tree, sixteen columns at once
-        let v = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-            _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-        );
-        let mut out = [0.0f32; COLUMNS];
-        _mm512_storeu_ps(out.as_mut_ptr(), v);
-        y.set_array((r0 + r) * n + c0, &out);
-    }
+    store_rows(&lanes, r0, y, n, c0);
 }
 
 /// Activation quad `j` (bytes `4j..4j + 4` of the block at `x`) in every lane.
 #[inline(always)]
-unsafe fn quad(x: *const i8, j: usize) -> __m512i {
+pub(super) unsafe fn quad(x: *const i8, j: usize) -> __m512i {
     _mm512_set1_epi32((x.add(4 * j) as *const i32).read_unaligned())
 }
 

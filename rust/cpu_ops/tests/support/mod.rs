@@ -1,7 +1,9 @@
 //! Random block weights and activations for the int8 tests, with the awkward blocks mixed in.
 #![allow(dead_code)] // each test file uses its own part
 
-use kvpark_cpu_ops::{narrow_low, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP};
+use kvpark_cpu_ops::{
+    narrow_low, pack_q4, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+};
 
 pub fn lcg(seed: &mut u64) -> u32 {
     *seed = seed
@@ -25,6 +27,8 @@ pub struct Matrix {
     pub k: usize,
     /// The narrow kinds' `Q8Weights::low`.
     pub low: Option<i8>,
+    /// A 4-bit matrix in `kvpark_cpu_ops::packed`'s layout ([`Matrix::packed`]).
+    pub packed: bool,
 }
 
 /// What kind of weights [`matrix`] makes.
@@ -104,6 +108,7 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
         n,
         k,
         low,
+        packed: false,
     }
 }
 
@@ -121,6 +126,7 @@ impl Matrix {
                 offset: self.offset.as_deref().expect("Q4 has offsets"),
                 n,
                 k,
+                packed: self.packed,
             }),
             Kind::Q8 | Kind::Q8Offset | Kind::Q5 | Kind::Q5Offset => Weights::Q8(Q8Weights {
                 qs: signed,
@@ -137,6 +143,24 @@ impl Matrix {
                 k,
                 low: self.low,
             }),
+        }
+    }
+
+    /// The same 4-bit matrix packed (`pack_q4`): its columns a multiple of sixteen.
+    pub fn packed(&self) -> Matrix {
+        let Weights::Q4(w) = self.view() else {
+            panic!("only 4-bit matrices are packed")
+        };
+        let mut qs = vec![0; self.qs.len()];
+        let mut scale = vec![0.0; self.scale.len()];
+        let mut offset = vec![0.0; self.scale.len()];
+        pack_q4(w, &mut qs, &mut scale, &mut offset).unwrap();
+        Matrix {
+            qs,
+            scale,
+            offset: Some(offset),
+            packed: true,
+            ..*self
         }
     }
 
