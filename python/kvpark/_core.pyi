@@ -20,6 +20,7 @@ __all__ = [
     "_blockmm_q8_i8",
     "_cpu_features",
     "_cpu_pack_q4",
+    "_cpu_pack_q6",
     "_cpu_set_threads",
     "_decode_attention",
     "_rms_norm",
@@ -501,7 +502,12 @@ def _cpu_pack_q4(
     """Packs a 4-bit matrix (qs [n, k/2] u8, scale and offset [n, k/32] f32, row layout) into the
     arrays at `out_*` (the same sizes) in the layout of kvpark_cpu_ops::packed, which the
     decoder's side-by-side kernels read without transposing. `n` a multiple of 16. Private: see
-    kvpark.runner.packed_blocks.
+    kvpark.model.gguf_blocks.
+    """
+
+def _cpu_pack_q6(qs: int, scale: int, n: int, k: int, out_qs: int, out_scale: int) -> None:
+    """Packs a q6 matrix (qs [n, k] i8, scale [n, k/16] f32, row layout) into the arrays at
+    `out_*` (the same sizes), as [`_cpu_pack_q4`] does. Private: see kvpark.model.gguf_blocks.
     """
 
 def _cpu_set_threads(n: int) -> None:

@@ -156,7 +156,8 @@ unsafe fn q6_operands<'a>(
         scale: std::slice::from_raw_parts(scale as *const f32, n * k / kvpark_cpu_ops::Q6_GROUP),
         n,
         k,
-        low: None, // one call: not worth a pass over its quants
+        low: None, // one call: not worth a pass over its quants,
+        packed: false,
     };
     let x = std::slice::from_raw_parts(x as *const f32, rows * k);
     (
@@ -313,7 +314,7 @@ pub(super) fn _rms_norm(
 /// Packs a 4-bit matrix (qs [n, k/2] u8, scale and offset [n, k/32] f32, row layout) into the
 /// arrays at `out_*` (the same sizes) in the layout of kvpark_cpu_ops::packed, which the
 /// decoder's side-by-side kernels read without transposing. `n` a multiple of 16. Private: see
-/// kvpark.runner.packed_blocks.
+/// kvpark.model.gguf_blocks.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn _cpu_pack_q4(
@@ -333,7 +334,7 @@ pub(super) fn _cpu_pack_q4(
         )));
     }
     let blocks = n * k / kvpark_cpu_ops::BLOCK;
-    // SAFETY: the caller (kvpark.runner.packed_blocks) passes live, C-contiguous arrays of
+    // SAFETY: the caller (kvpark.model.gguf_blocks) passes live, C-contiguous arrays of
     // exactly these sizes and dtypes, the outputs fresh ones that overlap no input.
     let (w, out) = unsafe {
         let w = kvpark_cpu_ops::Q4Weights {
@@ -352,6 +353,45 @@ pub(super) fn _cpu_pack_q4(
         (w, out)
     };
     py.detach(|| kvpark_cpu_ops::pack_q4(w, out.0, out.1, out.2))
+        .map_err(cpu_ops_err)
+}
+
+/// Packs a q6 matrix (qs [n, k] i8, scale [n, k/16] f32, row layout) into the arrays at
+/// `out_*` (the same sizes), as [`_cpu_pack_q4`] does. Private: see kvpark.model.gguf_blocks.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _cpu_pack_q6(
+    py: Python<'_>,
+    qs: usize,
+    scale: usize,
+    n: usize,
+    k: usize,
+    out_qs: usize,
+    out_scale: usize,
+) -> PyResult<()> {
+    if k % kvpark_cpu_ops::BLOCK != 0 || qs == 0 || out_qs == 0 {
+        return Err(PyValueError::new_err(format!(
+            "cannot pack a [{n}, {k}] matrix"
+        )));
+    }
+    let scales = n * k / kvpark_cpu_ops::Q6_GROUP;
+    // SAFETY: as for _cpu_pack_q4.
+    let (w, out_qs, out_scale) = unsafe {
+        let w = kvpark_cpu_ops::Q6Weights {
+            qs: std::slice::from_raw_parts(qs as *const i8, n * k),
+            scale: std::slice::from_raw_parts(scale as *const f32, scales),
+            n,
+            k,
+            low: None,
+            packed: false,
+        };
+        (
+            w,
+            std::slice::from_raw_parts_mut(out_qs as *mut i8, n * k),
+            std::slice::from_raw_parts_mut(out_scale as *mut f32, scales),
+        )
+    };
+    py.detach(|| kvpark_cpu_ops::pack_q6(w, out_qs, out_scale))
         .map_err(cpu_ops_err)
 }
 

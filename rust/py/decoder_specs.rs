@@ -13,7 +13,8 @@ use kvpark_cpu_ops::{
 /// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
 /// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32), '6' (Q6_K unpacked: qs [n, k]
 /// i8, scale [n, k/16] f32, offset 0) or 'i' (IQ4: qs [n, k/2] u8 nibbles into the IQ4 table,
-/// scale [n, k/32] f32, offset 0) in blocks; or dense,
+/// scale [n, k/32] f32, offset 0) in blocks, 'p' and 'P' ('4' and '6' packed at load:
+/// kvpark_cpu_ops::packed); or dense,
 /// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
 /// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
 #[derive(FromPyObject, Clone, Copy)]
@@ -40,7 +41,7 @@ impl Matrix {
     pub(super) unsafe fn find_low(&mut self) {
         let span = match self.kind {
             '8' => 32,
-            '6' => 64,
+            '6' | 'P' => 64,
             _ => return,
         };
         self.low = narrow_low(slice(self.qs, self.n * self.k), span);
@@ -159,12 +160,13 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             n: m.n,
             k: m.k,
         }),
-        '6' => Weights::Q6(Q6Weights {
+        '6' | 'P' => Weights::Q6(Q6Weights {
             qs: slice(m.qs, m.n * m.k),
             scale: slice(m.scale, m.n * m.k / Q6_GROUP),
             n: m.n,
             k: m.k,
             low: m.low,
+            packed: m.kind == 'P',
         }),
         _ => Weights::Q8(Q8Weights {
             qs: slice(m.qs, m.n * m.k),
@@ -186,6 +188,7 @@ pub(super) fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResu
         let offset = match m.kind {
             '4' => m.offset != 0,
             'p' => m.offset != 0 && n % kvpark_cpu_ops::PACK == 0,
+            'P' => m.offset == 0 && n % kvpark_cpu_ops::PACK == 0,
             '6' | 'i' => m.offset == 0,
             _ => m.kind == '8',
         };

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+import kvpark.runner.lean_runner as lean_runner
 from kvpark.model import gguf_tensors
 from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.gguf_file import GgufFile
@@ -24,17 +25,23 @@ from kvpark.model.iq4_blocks import iq4_blocks
 from kvpark.model.numpy_weights import load_numpy_weights
 from kvpark.model.weight_arrays import Stacked
 from kvpark.runner.lean_runner import LeanCpuRunner
-from kvpark.runner.packed_blocks import packing_on
 from kvpark.tokenizer.tokenizer import Tokenizer
 from support import tiny_gguf
 from support.kquants import quantised_kquant
-from support.lean_reference import alone_and_beside_others, check_logits, config
+from support.lean_reference import alone_and_beside_others, check_logits, config, greedy
 from support.tiny_gguf import write_tiny
 
 Q4_K_M = dict(attn=Q.Q4_K, mlp=Q.Q4_K, down=Q.Q6_K, head=Q.Q6_K, embed=Q.Q8_0)
-# q4 matrices of whole groups of 16 rows are packed where the CPU has AVX-512 VNNI
-Q4 = "q4p" if packing_on() else "q4"
-KINDS = {"qkv_w": Q4, "o_w": Q4, "gate_up_w": Q4, "down_w": "q6"}
+KINDS = {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
+
+
+def kind_of(m: object) -> str | None:
+    """A matrix's block kind as the file gave it: "q4p" / "q6p" (packed by the runner where
+    the CPU has AVX-512 VNNI, runner/packed_blocks.py) as "q4" / "q6"."""
+    kind = getattr(m, "kind", None)
+    return kind[:2] if kind in ("q4p", "q6p") else kind
+
+
 # the default model's Q4_K_M as llama-quantize writes it: rows of 576 take Q5_0 (no K-quant
 # fits them), the 1536-wide down Q6_K or Q4_K; Q5_1 for gate/up as its Q5_K_M has them
 SMALL_ROWS_K_M = dict(attn=Q.Q5_0, mlp=Q.Q5_1, down=Q.Q6_K, head=Q.Q5_0, embed=Q.Q8_0)
@@ -71,12 +78,32 @@ def test_a_q4_k_m_file_runs_lean_as_its_float64_forward(q4_k_m: Path, tokenizer:
     r = runner(q4_k_m, tokenizer, block_dot="float32")
     assert r.cpu_paths.weights == "blocks"
     for layer in r.weights.layers:
-        assert {attr: getattr(m, "kind", None) for attr, m in layer.matrices.items()} == KINDS
+        assert {attr: kind_of(m) for attr, m in layer.matrices.items()} == KINDS
     head, embed = r.weights.head, r.weights.embed
-    assert isinstance(head, Blocks) and head.kind == "q6" and head.offset is None
+    assert isinstance(head, Blocks) and kind_of(head) == "q6" and head.offset is None
     assert isinstance(embed, Blocks) and embed.kind == "q8"
     assert head.scale.shape == (head.shape[0], head.shape[1] // 16)  # a scale per 16 weights
     check_logits(r)
+
+
+@pytest.mark.parametrize("block_dot", ["int8", "float32"])
+def test_a_q4_k_m_files_packed_matrices_give_the_unpacked_ones_bits(
+    q4_k_m: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, block_dot: str
+) -> None:
+    """Its Q4_K and Q6_K matrices packed at load (runner/packed_blocks.py: forced here, so the
+    CPUs whose kernels do not read the packed layout run the unpacking path) or left as the
+    file has them: the same greedy tokens and logits, bit for bit, over a chunk and single rows.
+    """
+    out = {}
+    for pack in (True, False):
+        monkeypatch.setattr(lean_runner, "packing_on", lambda pack=pack: pack)
+        r = runner(q4_k_m, tokenizer, block_dot=block_dot)
+        kinds = {m.kind for m in r.weights.layers[0].matrices.values()}  # type: ignore[union-attr]
+        assert kinds == ({"q4p", "q6p"} if pack else {"q4", "q6"})
+        assert r.weights.head.kind == ("q6p" if pack else "q6")  # type: ignore[union-attr]
+        out[pack] = greedy(r)
+    assert out[True][0] == out[False][0]
+    assert out[True][1].tobytes() == out[False][1].tobytes()
 
 
 def test_q5_0_and_q5_1_matrices_run_lean_as_their_float64_forward(
@@ -87,7 +114,7 @@ def test_q5_0_and_q5_1_matrices_run_lean_as_their_float64_forward(
     for dot in ("float32", "int8"):
         r = runner(path, tokenizer, block_dot=dot)
         layer = r.weights.layers[0].matrices
-        assert {attr: getattr(m, "kind", None) for attr, m in layer.items()} == {
+        assert {attr: kind_of(m) for attr, m in layer.items()} == {
             "qkv_w": "q8", "o_w": "q8", "gate_up_w": "q8", "down_w": "q6",
         }  # fmt: skip
         assert layer["qkv_w"].offset is None and layer["gate_up_w"].offset is not None  # type: ignore[union-attr]
@@ -103,9 +130,9 @@ def test_a_tied_q6_k_embedding_runs_lean_as_its_float64_forward(
     path = tmp_path / "q6_k.gguf"
     write_tiny(path, "llama", **Q6_K_TIED)  # type: ignore[arg-type]
     r = runner(path, tokenizer, block_dot="float32")
-    assert isinstance(r.weights.embed, Blocks) and r.weights.embed.kind == "q6"
+    assert isinstance(r.weights.embed, Blocks) and kind_of(r.weights.embed) == "q6"
     assert r.weights.head is r.weights.embed and r.head_matrix is r.embed_matrix
-    assert r.weights.layers[0].matrices["gate_up_w"].kind == "q6"  # type: ignore[union-attr]
+    assert kind_of(r.weights.layers[0].matrices["gate_up_w"]) == "q6"
     check_logits(r)
 
 
@@ -125,8 +152,8 @@ def test_a_q3_k_m_file_runs_lean_as_its_float64_forward(
         ms = layer.matrices
         qkv, gate_up = ms["qkv_w"], ms["gate_up_w"]
         assert isinstance(qkv, Stacked) and isinstance(gate_up, Blocks)
-        assert [getattr(p, "kind", None) for p in qkv.parts] == ["q6", "q6", Q4]
-        assert gate_up.kind == "q6" and getattr(ms["down_w"], "kind", None) == Q4
+        assert [kind_of(p) for p in qkv.parts] == ["q6", "q6", "q4"]
+        assert kind_of(gate_up) == "q6" and kind_of(ms["down_w"]) == "q4"
         assert int(np.abs(gate_up.qs.astype(np.int16)).max()) <= 4  # 3-bit quants, -4..3
     check_logits(r)
     for dot in ("int8", "float32"):
@@ -180,7 +207,7 @@ def test_iq4_nl_and_iq4_xs_matrices_run_lean_as_their_float64_forward(
     )  # type: ignore[arg-type]
     r = runner(path, tokenizer, block_dot="float32")
     layer = r.weights.layers[0].matrices
-    assert {attr: getattr(m, "kind", None) for attr, m in layer.items()} == {
+    assert {attr: kind_of(m) for attr, m in layer.items()} == {
         "qkv_w": "iq4", "o_w": "iq4", "gate_up_w": "iq4", "down_w": "iq4",
     }  # fmt: skip
     assert isinstance(r.weights.head, Blocks) and r.weights.head.kind == "iq4"

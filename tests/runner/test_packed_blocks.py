@@ -30,21 +30,34 @@ def q4(rows: int, blocks: int, seed: int) -> Blocks:
     return Blocks("q4", qs, scale, offset)
 
 
+def q6(rows: int, blocks: int, seed: int) -> Blocks:
+    rng = np.random.default_rng(seed)
+    qs = rng.integers(-32, 32, (rows, blocks * 32), dtype=np.int8)
+    scale = rng.standard_normal((rows, 2 * blocks)).astype(np.float32)
+    return Blocks("q6", qs, scale, None)
+
+
+@pytest.mark.parametrize("kind", ["q4", "q6"])
 @pytest.mark.parametrize("blocks", [1, 8, 13, 64])
-def test_packing_round_trips_and_moves_every_block(blocks: int) -> None:
-    m = q4(48, blocks, blocks)
+def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> None:
+    m = (q4 if kind == "q4" else q6)(48, blocks, blocks)
     p = m.packed()
-    assert p.kind == "q4p" and p.shape == m.shape and p.nbytes == m.nbytes
+    assert p.kind == kind + "p" and p.shape == m.shape and p.nbytes == m.nbytes
     if blocks > 1:  # another order: not the same bytes in place
         assert not np.array_equal(p.qs, m.qs)
     back = p.unpacked()
-    for a, b in ((back.qs, m.qs), (back.scale, m.scale), (back.offset, m.offset)):
+    assert back.kind == kind and (back.offset is None) == (kind == "q6")
+    for a, b in ((back.qs, m.qs), (back.scale, m.scale)):
         assert a.dtype == b.dtype and np.array_equal(a, b)  # type: ignore[arg-type]
+    if m.offset is not None:
+        assert back.offset is not None and np.array_equal(back.offset, m.offset)
     assert np.array_equal(p.dequantize(), m.dequantize())
     index = np.array([47, 0, 16, 3])
     assert np.array_equal(p.rows(index).dequantize(), m.rows(index).dequantize())
     # row 17's block 0 sits in group 1, at position 0, column 1 of each quad vector
-    assert np.array_equal(p.qs.reshape(-1)[(blocks * 4 * PACK + 1) * 4 :][:4], m.qs[17, :4])
+    quads = 4 if kind == "q4" else 8
+    at = (blocks * quads * PACK + 1) * 4
+    assert np.array_equal(p.qs.reshape(-1)[at : at + 4], m.qs[17, :4])
 
 
 def test_positions_go_lane_by_lane() -> None:

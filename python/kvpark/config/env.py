@@ -106,8 +106,8 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "KVPARK_CPU_PACK",
             "on",
-            "off: keep the lean runner's 4-bit matrices in the file's layout instead of packing "
-            "them at load for AVX-512 VNNI's side-by-side kernel (same bits; for measuring).",
+            "off: keep the lean runner's q4 and q6 matrices in the file's layout instead of "
+            "packing them at load for AVX-512 VNNI's side-by-side kernel (same bits; measuring).",
         ),
         Knob(
             "KVPARK_CPU_ISA",

@@ -14,7 +14,7 @@ for the torch model, without a copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -45,10 +45,10 @@ class Blocks:
     float32, one per 16 weights; no offset; weight = scale * q.
     ``kind`` "iq4" (IQ4_NL, IQ4_XS): ``qs`` [out, in / 2] uint8 in q4's nibble order; no offset;
     weight = scale * IQ4_TABLE[nibble]: the "q8" blocks of ``as_q8`` at half their bytes.
-    ``kind`` "q4p": a "q4" matrix of a multiple of ``PACK`` rows packed for the CPU decoder's
-    side-by-side kernels (``packed``; the Rust crate's ``packed`` module has the layout): the
-    same arrays' shapes and values in another order. Rows of ``PACK`` stay together, so ``cat``
-    holds as it is; ``rows`` and ``dequantize`` read it ``unpacked``.
+    ``kind`` "q4p" / "q6p": a "q4" / "q6" matrix of a multiple of ``PACK`` rows packed for the
+    CPU decoder's side-by-side kernel (``packed``; the Rust crate's ``packed`` module has the
+    layout): the same arrays' shapes and values in another order. Rows of ``PACK`` stay
+    together, so ``cat`` holds as it is; ``rows`` and ``dequantize`` read it ``unpacked``.
     """
 
     kind: str
@@ -67,7 +67,7 @@ class Blocks:
 
     def rows(self, index: npt.NDArray[np.int64]) -> Blocks:
         """The matrix with its rows reordered (or selected) by ``index``."""
-        if self.kind == "q4p":
+        if self.kind in ("q4p", "q6p"):
             return self.unpacked().rows(index)
         offset = None if self.offset is None else self.offset[index]
         return Blocks(self.kind, self.qs[index], self.scale[index], offset)
@@ -83,7 +83,7 @@ class Blocks:
         """The float32 matrix: ``BlockWeight.dequantize``'s arithmetic, bit for bit."""
         if self.kind == "iq4":
             return self.as_q8().dequantize()
-        if self.kind == "q4p":
+        if self.kind in ("q4p", "q6p"):
             return self.unpacked().dequantize()
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
@@ -97,37 +97,54 @@ class Blocks:
         return (scale * q + self.offset.reshape(-1, 1)).reshape(out, inp)
 
     def packed(self) -> Blocks:
-        """A "q4" matrix of a multiple of ``PACK`` rows as "q4p", in fresh arrays."""
+        """A "q4" or "q6" matrix of a multiple of ``PACK`` rows as "q4p" or "q6p", in fresh
+        arrays."""
         out, inp = self.shape
-        if self.kind != "q4" or self.offset is None or out % PACK:
+        if self.kind not in ("q4", "q6") or out % PACK:
             raise ValueError(
-                f"packs q4 matrices of a multiple of {PACK} rows, not {self.kind} {self.shape}"
+                f"packs q4 and q6 matrices of a multiple of {PACK} rows, not {self.kind} "
+                f"{self.shape}"
             )
-        src = [np.ascontiguousarray(a) for a in (self.qs, self.scale, self.offset)]
-        qs, scale, offset = (np.empty_like(a) for a in src)
-        at = [int(a.ctypes.data) for a in (*src, qs, scale, offset)]
-        _core._cpu_pack_q4(at[0], at[1], at[2], out, inp, at[3], at[4], at[5])
-        return Blocks("q4p", qs, scale, offset)
+        arrays = (
+            (self.qs, self.scale) if self.offset is None else (self.qs, self.scale, self.offset)
+        )
+        src = [np.ascontiguousarray(a) for a in arrays]
+        dst = [np.empty_like(a) for a in src]
+        a, b = [int(a.ctypes.data) for a in src], [int(a.ctypes.data) for a in dst]
+        if self.kind == "q4":
+            _core._cpu_pack_q4(a[0], a[1], a[2], out, inp, b[0], b[1], b[2])
+            return Blocks("q4p", dst[0], dst[1], dst[2])
+        _core._cpu_pack_q6(a[0], a[1], out, inp, b[0], b[1])
+        return Blocks("q6p", dst[0], dst[1], None)
 
     def unpacked(self) -> Blocks:
-        """A "q4p" matrix as the "q4" one it packs: each group of ``PACK`` rows' blocks from
-        [position, quad of 4 bytes, row, byte] back to [row, block, byte], block ``b`` at
+        """A "q4p" or "q6p" matrix as the "q4" or "q6" one it packs: each group of ``PACK``
+        rows' blocks from [position, quad of 4 bytes, row, byte] back to [row, block, byte]
+        (the values from [position, value, row] to [row, block, value]), block ``b`` at
         ``pack_position(blocks, b)``."""
-        assert self.kind == "q4p" and self.offset is not None
+        assert self.kind in ("q4p", "q6p")
         out, inp = self.shape
-        blocks = inp // BLOCK
+        groups, blocks = out // PACK, inp // BLOCK
         at = pack_position(blocks)
-        quads = self.qs.view(np.uint8).reshape(out // PACK, blocks, 4, PACK, 4)
-        qs: npt.NDArray[np.uint8] = quads[:, at].transpose(0, 3, 1, 2, 4)
+        quads = 4 if self.kind == "q4p" else 8
+        qs: npt.NDArray[np.uint8] | npt.NDArray[np.int8] = self.qs.reshape(
+            groups, blocks, quads, PACK, 4
+        )[:, at].transpose(0, 3, 1, 2, 4)
+        per = 1 if self.kind == "q4p" else 2
         values = [
-            v.reshape(out // PACK, blocks, PACK)[:, at].transpose(0, 2, 1)
+            np.ascontiguousarray(
+                v.reshape(groups, blocks, per, PACK)[:, at].transpose(0, 3, 1, 2)
+            ).reshape(out, blocks * per)
             for v in (self.scale, self.offset)
+            if v is not None
         ]
+        # the quants' own dtype (uint8 for q4, int8 for q6), which the transposition keeps
+        rows = cast("npt.NDArray[np.uint8] | npt.NDArray[np.int8]", np.ascontiguousarray(qs))
         return Blocks(
-            "q4",
-            np.ascontiguousarray(qs).reshape(out, inp // 2),
-            np.ascontiguousarray(values[0]).reshape(out, blocks),
-            np.ascontiguousarray(values[1]).reshape(out, blocks),
+            self.kind[:2],
+            rows.reshape(out, -1),
+            values[0],
+            values[1] if per == 1 else None,
         )
 
     @staticmethod
@@ -162,7 +179,7 @@ def pack_position(blocks: int) -> npt.NDArray[np.intp]:
 
 def scale_group(kind: str) -> int:
     """Weights per scale (and offset) of a block kind."""
-    return Q6_GROUP if kind == "q6" else BLOCK
+    return Q6_GROUP if kind in ("q6", "q6p") else BLOCK
 
 
 def blocks_from_gguf(qtype: int, raw: npt.NDArray[np.uint8], shape: tuple[int, int]) -> Blocks:

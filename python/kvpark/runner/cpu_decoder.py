@@ -39,6 +39,7 @@ _BLOCKS: dict[str, tuple[type[np.generic], str]] = {
     "q4p": (np.uint8, "p"),
     "q8": (np.int8, "8"),
     "q6": (np.int8, "6"),
+    "q6p": (np.int8, "P"),
     "iq4": (np.uint8, "i"),
 }
 

@@ -83,6 +83,7 @@ impl Matrix {
                 n,
                 k,
                 low: None,
+                packed: false,
             }),
             Kind::Iq4 => Weights::Iq4(Iq4Weights {
                 qs: &self.qs,

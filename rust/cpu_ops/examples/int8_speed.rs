@@ -57,6 +57,7 @@ fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
             n,
             k,
             low: None,
+            packed: false,
         }),
         Kind::Q4 => Weights::Q4(Q4Weights {
             qs: &c.qs,

@@ -68,11 +68,9 @@ fn any_columns(
         Weights::Iq4(w) => crate::iq4::expanded_columns(w, rows, cols, y, &|w, c, y| {
             columns(x, rows, k, w, c, y, simd)
         }),
-        Weights::Q4(w) if w.packed => {
-            crate::packed::unpacked_columns(w, rows, cols, y, &|w, c, y| {
-                columns(x, rows, k, w, c, y, simd)
-            })
-        }
+        _ if w.packed() => crate::packed::unpacked_columns(w, rows, cols, y, &|w, c, y| {
+            columns(x, rows, k, w, c, y, simd)
+        }),
         _ => columns(x, rows, k, w, cols, y, simd),
     }
 }

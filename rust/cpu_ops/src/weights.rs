@@ -78,6 +78,8 @@ pub struct Q6Weights<'a> {
     /// `Some(m)` where every `q` lies in `m..m + 64` (Q6_K's, Q3_K's; `narrow_low(qs, 64)`):
     /// as [`Q8Weights::low`], with two pair sums in i16 rather than four.
     pub low: Option<i8>,
+    /// In [`crate::packed`]'s layout, as [`Q4Weights::packed`].
+    pub packed: bool,
 }
 
 /// A dense matrix's `[n, k]` values, row-major: f32; IEEE f16 bits (1 sign, 5 exponent, 10
@@ -166,7 +168,27 @@ fn check_blocks(x: &[f32], y: &[f32], rows: usize, n: usize, k: usize) -> Result
     check_common(x, y, rows, n, k)
 }
 
+/// A packed matrix's columns fill whole groups.
+fn check_packed(packed: bool, n: usize) -> Result<(), ShapeError> {
+    if packed && !n.is_multiple_of(crate::PACK) {
+        return Err(ShapeError(format!(
+            "a packed matrix has a multiple of {} columns, not {n}",
+            crate::PACK
+        )));
+    }
+    Ok(())
+}
+
 impl Weights<'_> {
+    /// Whether the matrix is in [`crate::packed`]'s layout.
+    pub fn packed(&self) -> bool {
+        match self {
+            Weights::Q4(w) => w.packed,
+            Weights::Q6(w) => w.packed,
+            _ => false,
+        }
+    }
+
     /// Output columns (rows of `W`).
     pub fn n(&self) -> usize {
         match self {
@@ -199,12 +221,7 @@ impl Weights<'_> {
             }
             Weights::Q4(w) => {
                 check_blocks(x, y, rows, n, k)?;
-                if w.packed && !n.is_multiple_of(crate::PACK) {
-                    return Err(ShapeError(format!(
-                        "a packed matrix has a multiple of {} columns, not {n}",
-                        crate::PACK
-                    )));
-                }
+                check_packed(w.packed, n)?;
                 check("qs", w.qs.len(), n * k / 2)?;
                 check("scale", w.scale.len(), n * k / BLOCK)?;
                 check("offset", w.offset.len(), n * k / BLOCK)
@@ -218,6 +235,7 @@ impl Weights<'_> {
             }
             Weights::Q6(w) => {
                 check_blocks(x, y, rows, n, k)?;
+                check_packed(w.packed, n)?;
                 check("qs", w.qs.len(), n * k)?;
                 check("scale", w.scale.len(), n * k / Q6_GROUP)
             }

@@ -1,12 +1,12 @@
-//! 4-bit matrices packed at load (`kvpark_cpu_ops::packed`): the layout is the documented one,
+//! 4-bit and q6 matrices packed at load (`kvpark_cpu_ops::packed`): the layout is the documented one,
 //! and every product (each int8 kernel this CPU runs, for one row and many, on one thread and
 //! several; the f32 path, SIMD and portable) gives the row layout's bits from it.
 
 mod support;
 
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_q4, matmul_q4_plain, pack_q4, set_threads, I8Kernel, I8Scratch, Q4Weights,
-    Weights, BLOCK, PACK,
+    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, pack_q4, set_threads, I8Kernel, I8Scratch,
+    Q4Weights, Weights, BLOCK, PACK,
 };
 use proptest::prelude::*;
 use support::{activations, matrix, same, Kind, STYLES};
@@ -97,12 +97,13 @@ proptest! {
     /// path (SIMD and portable) give its own row-layout bits.
     #[test]
     fn every_product_of_a_packed_matrix_gives_the_row_layouts_bits(
-        rows in 1usize..18, groups in 1usize..5, blocks in 1usize..70, signed: bool,
+        rows in 1usize..18, groups in 1usize..5, blocks in 1usize..70, kind in 0usize..4,
         threads in 1usize..4, seed: u64,
     ) {
         let (n, k) = (groups * PACK, blocks * BLOCK);
         let mut s = seed;
-        let m = matrix(if signed { Kind::Q4Signed } else { Kind::Q4 }, n, k, &mut s);
+        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6, Kind::Q6Narrow][kind];
+        let m = matrix(kind, n, k, &mut s);
         let p = m.packed();
         let x = activations(rows, k, STYLES, &mut s);
         set_threads(threads);
@@ -110,21 +111,53 @@ proptest! {
         for kernel in I8Kernel::available() {
             let y = int8(&x, rows, p.view(), kernel);
             for (i, (a, b)) in y.iter().zip(&plain).enumerate() {
-                prop_assert!(same(*a, *b), "{kernel:?} output {i}: {a} vs plain {b}");
+                prop_assert!(same(*a, *b), "{kind:?} {kernel:?} output {i}: {a} vs plain {b}");
             }
         }
         let finite: Vec<f32> = x.iter().map(|v| if v.is_finite() { *v } else { 0.0 }).collect();
-        let mut rows_layout = vec![0.0; rows * n];
-        matmul_q4(&finite, rows, q4(m.view()), &mut rows_layout).unwrap();
-        for simd in [true, false] {
+        let f32_path = |w: Weights<'_>, simd: bool| {
             let mut y = vec![f32::NAN; rows * n];
-            if simd {
-                matmul_q4(&finite, rows, q4(p.view()), &mut y).unwrap();
-            } else {
-                matmul_q4_plain(&finite, rows, q4(p.view()), &mut y).unwrap();
+            match (w, simd) {
+                (Weights::Q4(w), true) => matmul_q4(&finite, rows, w, &mut y).unwrap(),
+                (Weights::Q4(w), false) => matmul_q4_plain(&finite, rows, w, &mut y).unwrap(),
+                (Weights::Q6(w), _) => matmul_q6(&finite, rows, w, &mut y).unwrap(),
+                _ => unreachable!(),
             }
-            for (i, (a, b)) in y.iter().zip(&rows_layout).enumerate() {
-                prop_assert!(same(*a, *b), "f32 path (simd {simd}) output {i}: {a} vs {b}");
+            y
+        };
+        for simd in [true, false] {
+            let want = f32_path(m.view(), simd);
+            let y = f32_path(p.view(), simd);
+            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                prop_assert!(same(*a, *b), "{kind:?} f32 path (simd {simd}) output {i}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_q6_layout_is_the_documented_one() {
+    let (n, blocks) = (32, 3);
+    let m = matrix(Kind::Q6, n, blocks * BLOCK, &mut 9);
+    let p = m.packed();
+    for c in 0..n {
+        for b in 0..blocks {
+            let (g, i) = (c / PACK, c % PACK);
+            // three blocks: lanes 0, 1, 2 hold one each, so position = block
+            for q in 0..8 {
+                let at = (((g * blocks + b) * 8 + q) * PACK + i) * 4;
+                let from = (c * blocks + b) * 32 + 4 * q;
+                assert_eq!(
+                    p.qs[at..at + 4],
+                    m.qs[from..from + 4],
+                    "column {c} block {b}"
+                );
+            }
+            for h in 0..2 {
+                assert_eq!(
+                    p.scale[((g * blocks + b) * 2 + h) * PACK + i],
+                    m.scale[(c * blocks + b) * 2 + h]
+                );
             }
         }
     }

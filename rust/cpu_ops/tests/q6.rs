@@ -27,6 +27,7 @@ impl Q6 {
             n: self.n,
             k: self.k,
             low: None,
+            packed: false,
         }
     }
 

@@ -462,7 +462,7 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
             }
             Weights::Q4(w) => {
                 let (bytes, s, off) = if w.packed {
-                    crate::packed::block(&w, r, b)
+                    crate::packed::q4_block(&w, r, b)
                 } else {
                     let bytes = w.qs[at * B / 2..(at + 1) * B / 2].try_into();
                     (bytes.expect("16 bytes a block"), w.scale[at], w.offset[at])
@@ -481,9 +481,15 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
                 }
             }
             Weights::Q6(w) => {
-                let scales = &w.scale[2 * at..2 * at + 2];
-                for (i, (v, q)) in o.iter_mut().zip(&w.qs[at * B..(at + 1) * B]).enumerate() {
-                    *v = scales[i / (B / 2)] * f32::from(*q);
+                let (qs, scales) = if w.packed {
+                    crate::packed::q6_block(&w, r, b)
+                } else {
+                    let qs = w.qs[at * B..(at + 1) * B].try_into();
+                    let scales = w.scale[2 * at..2 * at + 2].try_into();
+                    (qs.expect("32 quants"), scales.expect("2 scales"))
+                };
+                for (i, (v, q)) in o.iter_mut().zip(qs).enumerate() {
+                    *v = scales[i / (B / 2)] * f32::from(q);
                 }
             }
             Weights::Dense(_) => unreachable!("looked up above"),

@@ -325,10 +325,8 @@ fn columns(
     cols: std::ops::Range<usize>,
     y: &Output,
 ) {
-    if let Weights::Q4(q4) = w {
-        if q4.packed {
-            return packed_columns(kernel, a, q4, cols, y);
-        }
+    if w.packed() {
+        return packed_columns(kernel, a, w, cols, y);
     }
     #[cfg(target_arch = "x86_64")]
     if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
@@ -401,14 +399,15 @@ fn columns(
     columns_one_by_one(kernel, a, w, cols, y)
 }
 
-/// Output columns `cols` of every row of a matrix packed at load ([`crate::packed`]): whole
+/// Output columns `cols` of every row of a matrix packed at load ([`crate::packed`], 4-bit or
+/// q6): whole
 /// groups on `wide_packed.rs`, which reads that layout as it lies, for any number of rows; the
 /// rest, and every column where that kernel cannot run or is off, unpacked a group at a time
 /// for the others (same bits, slower: the loader packs only where the wide kernel runs).
 fn packed_columns(
     kernel: I8Kernel,
     a: &Activations<'_>,
-    w: Q4Weights<'_>,
+    w: Weights<'_>,
     cols: std::ops::Range<usize>,
     y: &Output,
 ) {
@@ -418,7 +417,13 @@ fn packed_columns(
         while c.is_multiple_of(wide::COLUMNS) && c + wide::COLUMNS <= cols.end {
             // SAFETY: the kernel runs here (matmul_i8 checked), the group lies inside the
             // matrix, starts a packed group, and `a` was quantised for `w`.
-            unsafe { wide_packed::group(a, w, c, y) };
+            unsafe {
+                if a.rows >= wide_packed::SPLIT_ROWS {
+                    wide::group(a, w, c, y)
+                } else {
+                    wide_packed::group(a, w, c, y)
+                }
+            };
             c += wide::COLUMNS;
         }
     }

@@ -43,13 +43,13 @@ pub(super) const MIN_ROWS: usize = 2;
 /// One block of a group, transposed.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct Block16 {
+pub(super) struct Block16 {
     /// Vector `j`: weights `4j..4j + 4` of each column, as u8.
-    quads: [__m512i; 8],
+    pub(super) quads: [__m512i; 8],
     /// Each column's scale; Q6's two (weights 0..16, then 16..32).
-    scale: [__m512; 2],
+    pub(super) scale: [__m512; 2],
     /// Each column's offset (0 where the kind has none; never read then).
-    offset: __m512,
+    pub(super) offset: __m512,
 }
 
 thread_local! {
@@ -124,6 +124,10 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             g.resize(blocks, std::mem::zeroed());
         }
         let kind = match w {
+            Weights::Q4(w) if w.packed => {
+                super::wide_packed::split(Weights::Q4(w), c0, g);
+                Q4
+            }
             Weights::Q4(w) => {
                 transpose_q4(w, c0, blocks, g);
                 Q4
@@ -135,6 +139,10 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 } else {
                     Q8
                 }
+            }
+            Weights::Q6(w) if w.packed => {
+                super::wide_packed::split(Weights::Q6(w), c0, g);
+                Q6
             }
             Weights::Q6(w) => {
                 transpose_q6(w, c0, blocks, g);
@@ -243,7 +251,7 @@ pub(super) unsafe fn quad(x: *const i8, j: usize) -> __m512i {
 /// as f32: every value an integer below `2^24`, so the conversion and the fused `x − 128 s` are
 /// exact and give `Σ w q`, bitwise what converting the integer gives.
 #[inline(always)]
-unsafe fn corrected(dots: __m512i, sum: __m512) -> __m512 {
+pub(super) unsafe fn corrected(dots: __m512i, sum: __m512) -> __m512 {
     _mm512_fnmadd_ps(sum, _mm512_set1_ps(128.0), _mm512_cvtepi32_ps(dots))
 }
 

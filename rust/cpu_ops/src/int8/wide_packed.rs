@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI int8 kernel of `wide.rs` for a 4-bit matrix packed at load
+//! The AVX-512 VNNI int8 kernel of `wide.rs` for a 4-bit or q6 matrix packed at load
 //! (`crate::packed`), for any number of rows: each tile reads the group in place.
 //!
 //! Why: from the row layout `wide.rs` transposes every block of a group into a buffer before
@@ -8,52 +8,81 @@
 //! vectors are four loads and the blocks lie in the order the tiles walk them (lane by lane of
 //! `int8`'s combine), so the first tile streams the group from memory front to back while it
 //! multiplies, and the others find it in cache. The arithmetic and its order are `wide.rs`'s
-//! for Q4, so the bits are `plain.rs`'s (the tests check it).
+//! for the kind, so the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::wide::{quad, store_rows, COLUMNS, TILE};
+use super::wide::{corrected, quad, store_rows, Block16, COLUMNS, TILE};
 use super::{Activations, LANES};
-use crate::packed::{quads_at, value_at, PACK};
+use crate::packed::{position, quads_at, value_at, PACK};
 use crate::threads::Output;
-use crate::weights::{Q4Weights, BLOCK};
+use crate::weights::{Weights, BLOCK};
 
-/// `wide::group` for a 4-bit matrix packed at load (`crate::packed`): its blocks already lie as
-/// the operand vectors and in the order the tiles walk them, so each tile reads the group in
-/// place, front to back, with no transposition and no buffer (the first tile from memory, the
-/// others from cache).
+/// The kinds, as constants of `tile` (as in `wide.rs`, a runtime kind there would roll the
+/// tile's rows up): 4-bit with offsets; q6 (int8 flipped, two scales a block).
+const Q4: u8 = 0;
+const Q6: u8 = 1;
+
+/// `wide::group` for a matrix packed at load (`crate::packed`): its blocks already lie as the
+/// operand vectors and in the order the tiles walk them, so each tile reads the group in place,
+/// front to back, with no transposition and no buffer (the first tile from memory, the others
+/// from cache).
 ///
 /// # Safety
-/// As `wide::group`; `w.packed` and `c0` starts a packed group.
+/// As `wide::group`; `w` is a packed 4-bit or q6 matrix and `c0` starts one of its groups.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
-    let blocks = a.k / BLOCK;
-    assert!(w.packed && PACK == COLUMNS && c0.is_multiple_of(PACK) && c0 + COLUMNS <= w.n);
-    assert!(a.k == w.k && a.padded.is_multiple_of(LANES) && a.q.len() == a.rows * a.k);
-    assert!(a.d.len().min(a.sum.len()) == a.rows * a.padded);
-    assert!(w.qs.len() == w.n * blocks * 16 && w.scale.len().min(w.offset.len()) == w.n * blocks);
-    // the group's bytes and values lie where the row layout's would (c0 starts a group)
-    let g = Packed {
-        qs: w.qs.as_ptr().add(quads_at(blocks, c0, 0)),
-        scale: w.scale.as_ptr().add(value_at(blocks, c0, 0)),
-        offset: w.offset.as_ptr().add(value_at(blocks, c0, 0)),
-        blocks,
-    };
-    let mut r0 = 0;
-    while r0 + TILE <= a.rows {
-        tile::<TILE>(a, &g, r0, y, w.n, c0);
-        r0 += TILE;
-    }
-    match a.rows - r0 {
-        3 => tile::<3>(a, &g, r0, y, w.n, c0),
-        2 => tile::<2>(a, &g, r0, y, w.n, c0),
-        1 => tile::<1>(a, &g, r0, y, w.n, c0),
-        _ => {}
+pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
+    let (n, blocks) = (w.n(), a.k / BLOCK);
+    assert!(w.packed() && PACK == COLUMNS && c0.is_multiple_of(PACK) && c0 + COLUMNS <= n);
+    assert!(a.k == w.k() && a.padded.is_multiple_of(LANES) && a.q.len() == a.rows * a.k);
+    assert!(a.d.len().min(a.sum.len()).min(a.lo.len()).min(a.hi.len()) == a.rows * a.padded);
+    let g = packed(w, c0, blocks);
+    match w {
+        Weights::Q4(_) => tiles::<Q4>(a, &g, y, n, c0),
+        _ => tiles::<Q6>(a, &g, y, n, c0),
     }
 }
 
-/// A packed group's quants, scales and offsets (each block's at its position), and its blocks.
+/// Rows from which a call splits each block once into `wide.rs`'s buffer ([`split`]) and runs
+/// its tiles there, rather than splitting it again in every tile: a 448-token prefill of the
+/// default model lost 7 % to the repeated splits, while eight rows gained from reading in place.
+pub(super) const SPLIT_ROWS: usize = 16;
+
+/// `wide.rs`'s transposed group from a packed one: each block's operand vectors (q4's nibbles
+/// split, q6's int8 flipped) and values, for a call of many rows ([`SPLIT_ROWS`]).
+///
+/// # Safety
+/// As [`group`]; `g` holds the matrix's blocks a column.
+#[inline(always)]
+pub(super) unsafe fn split(w: Weights<'_>, c0: usize, g: &mut [Block16]) {
+    let blocks = w.k() / BLOCK;
+    let p = packed(w, c0, blocks);
+    let (mask, flip) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
+    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
+        let at = position(blocks, b);
+        if let Weights::Q4(_) = w {
+            let src = p.qs.add(at * 256);
+            for j in 0..4 {
+                let t = _mm512_loadu_si512(src.add(64 * j).cast());
+                blk.quads[j] = _mm512_and_si512(t, mask);
+                blk.quads[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(t), mask);
+            }
+            blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * PACK));
+            blk.offset = _mm512_loadu_ps(p.offset.add(at * PACK));
+        } else {
+            let src = p.qs.add(at * 512);
+            for (j, q) in blk.quads.iter_mut().enumerate() {
+                *q = _mm512_xor_si512(_mm512_loadu_si512(src.add(64 * j).cast()), flip);
+            }
+            blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * 2 * PACK));
+            blk.scale[1] = _mm512_loadu_ps(p.scale.add((at * 2 + 1) * PACK));
+        }
+    }
+}
+
+/// A packed group's quants, scales and offsets (each block's at its position; no offsets for
+/// q6), and its blocks.
 struct Packed {
     qs: *const u8,
     scale: *const f32,
@@ -61,14 +90,65 @@ struct Packed {
     blocks: usize,
 }
 
+/// The packed group of `w` that starts at column `c0`.
+///
+/// # Safety
+/// `w` is a packed 4-bit or q6 matrix of `blocks` blocks a column, of the lengths its shape
+/// says, and `c0` starts one of its groups.
+#[inline(always)]
+unsafe fn packed(w: Weights<'_>, c0: usize, blocks: usize) -> Packed {
+    let n = w.n();
+    // the group's bytes and values lie where the row layout's would (c0 starts a group)
+    match w {
+        Weights::Q4(w) => {
+            assert!(w.qs.len() == n * blocks * 16);
+            assert!(w.scale.len().min(w.offset.len()) == n * blocks);
+            let at = value_at(blocks, c0, 0, 1, 0);
+            Packed {
+                qs: w.qs.as_ptr().add(quads_at(blocks, c0, 0, 4)),
+                scale: w.scale.as_ptr().add(at),
+                offset: w.offset.as_ptr().add(at),
+                blocks,
+            }
+        }
+        Weights::Q6(w) => {
+            assert!(w.qs.len() == n * blocks * 32 && w.scale.len() == n * blocks * 2);
+            Packed {
+                qs: w.qs.as_ptr().add(quads_at(blocks, c0, 0, 8)).cast(),
+                scale: w.scale.as_ptr().add(value_at(blocks, c0, 0, 2, 0)),
+                offset: std::ptr::null(),
+                blocks,
+            }
+        }
+        _ => unreachable!("only q4 and q6 matrices are packed"),
+    }
+}
+
 /// Bytes ahead of the block being read whose lines the first tile asks for: the hardware
 /// streams a sequential read too, but starts over at each group.
 const PACKED_AHEAD: usize = 4096;
 
-/// Rows `r0..r0 + R` against the packed group `g`: `wide::tile`'s arithmetic for Q4, the
-/// operand vectors split from the group's bytes as they are read.
+/// Every row of `a`, a tile at a time, against the packed group `g` of kind `K`.
 #[inline(always)]
-unsafe fn tile<const R: usize>(
+unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &Packed, y: &Output, n: usize, c0: usize) {
+    let mut r0 = 0;
+    while r0 + TILE <= a.rows {
+        tile::<TILE, K>(a, g, r0, y, n, c0);
+        r0 += TILE;
+    }
+    match a.rows - r0 {
+        3 => tile::<3, K>(a, g, r0, y, n, c0),
+        2 => tile::<2, K>(a, g, r0, y, n, c0),
+        1 => tile::<1, K>(a, g, r0, y, n, c0),
+        _ => {}
+    }
+}
+
+/// Rows `r0..r0 + R` against the packed group `g`: `wide::tile`'s arithmetic for kind `K`, the
+/// operand vectors taken from the group's bytes as they are read (q4's nibbles split, q6's
+/// int8 flipped to u8).
+#[inline(always)]
+unsafe fn tile<const R: usize, const K: u8>(
     a: &Activations<'_>,
     g: &Packed,
     r0: usize,
@@ -78,7 +158,14 @@ unsafe fn tile<const R: usize>(
 ) {
     let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
-    let mask = _mm512_set1_epi8(0x0f);
+    let (mask, flip) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
+    // a block's bytes and values in the group: q4 four vectors, a scale and an offset; q6 eight
+    // vectors and two scales
+    let (bytes, values) = if K == Q4 {
+        (256, PACK)
+    } else {
+        (512, 2 * PACK)
+    };
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
     let mut p = 0; // the block's position in the group
     let mut lanes = [[MaybeUninit::<__m512>::uninit(); LANES]; R];
@@ -86,28 +173,43 @@ unsafe fn tile<const R: usize>(
         let mut acc = [_mm512_setzero_ps(); R];
         for j in 0..per_lane + usize::from(l < longer) {
             let b = l + j * LANES;
-            let src = g.qs.add(p * 4 * 4 * PACK);
+            let src = g.qs.add(p * bytes);
+            let vals = g.scale.add(p * values);
             if r0 == 0 {
                 let ahead = src.wrapping_add(PACKED_AHEAD);
-                for line in 0..4 {
-                    _mm_prefetch(ahead.wrapping_add(64 * line).cast(), _MM_HINT_T0);
+                for line in (0..bytes).step_by(64) {
+                    _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
                 }
-                for v in [g.scale, g.offset] {
-                    let ahead = v.wrapping_add(p * PACK + PACKED_AHEAD / 4);
+                let ahead = vals.wrapping_add(PACKED_AHEAD / 4);
+                for line in (0..values).step_by(16) {
+                    _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
+                }
+                if K == Q4 {
+                    let ahead = g.offset.wrapping_add(p * PACK + PACKED_AHEAD / 4);
                     _mm_prefetch(ahead.cast(), _MM_HINT_T0);
                 }
             }
-            let t: [__m512i; 4] =
-                std::array::from_fn(|i| _mm512_loadu_si512(src.add(64 * i).cast()));
-            let u: [__m512i; 8] = std::array::from_fn(|j| {
-                if j < 4 {
-                    _mm512_and_si512(t[j], mask) // weights 4j..4j + 4
-                } else {
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(t[j - 4]), mask) // 16 + ..
+            // plain loops, not closures: a closure does not inherit this function's target
+            // features, and its intrinsics became calls
+            let mut u = [_mm512_setzero_si512(); 8];
+            if K == Q4 {
+                for j in 0..4 {
+                    let t = _mm512_loadu_si512(src.add(64 * j).cast());
+                    u[j] = _mm512_and_si512(t, mask); // weights 4j..4j + 4
+                    u[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(t), mask);
+                    // 16 + ..
                 }
+            } else {
+                for (j, u) in u.iter_mut().enumerate() {
+                    *u = _mm512_xor_si512(_mm512_loadu_si512(src.add(64 * j).cast()), flip);
+                }
+            }
+            let scale = _mm512_loadu_ps(vals);
+            let second = _mm512_loadu_ps(if K == Q4 {
+                g.offset.add(p * PACK)
+            } else {
+                vals.add(PACK)
             });
-            let scale = _mm512_loadu_ps(g.scale.add(p * PACK));
-            let offset = _mm512_loadu_ps(g.offset.add(p * PACK));
             for r in 0..R {
                 let x = xq[r].add(b * BLOCK);
                 let mut s0 = _mm512_setzero_si512();
@@ -117,10 +219,17 @@ unsafe fn tile<const R: usize>(
                     s1 = _mm512_dpbusd_epi32(s1, u[4 + j], quad(x, 4 + j));
                 }
                 let d = _mm512_set1_ps(*a.d.as_ptr().add(at[r] + b));
-                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
-                let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(offset, d), sum, acc[r]);
+                if K == Q4 {
+                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
+                    let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), sum, acc[r]);
+                } else {
+                    let lo = corrected(s0, _mm512_set1_ps(*a.lo.as_ptr().add(at[r] + b)));
+                    let hi = corrected(s1, _mm512_set1_ps(*a.hi.as_ptr().add(at[r] + b)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), lo, acc[r]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), hi, acc[r]);
+                }
             }
             p += 1;
         }

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test file uses its own part
 
 use kvpark_cpu_ops::{
-    narrow_low, pack_q4, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+    narrow_low, pack_q4, pack_q6, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
 };
 
 pub fn lcg(seed: &mut u64) -> u32 {
@@ -142,23 +142,35 @@ impl Matrix {
                 n,
                 k,
                 low: self.low,
+                packed: self.packed,
             }),
         }
     }
 
-    /// The same 4-bit matrix packed (`pack_q4`): its columns a multiple of sixteen.
+    /// The same 4-bit or q6 matrix packed (`pack_q4`, `pack_q6`): its columns a multiple of
+    /// sixteen.
     pub fn packed(&self) -> Matrix {
-        let Weights::Q4(w) = self.view() else {
-            panic!("only 4-bit matrices are packed")
-        };
         let mut qs = vec![0; self.qs.len()];
         let mut scale = vec![0.0; self.scale.len()];
-        let mut offset = vec![0.0; self.scale.len()];
-        pack_q4(w, &mut qs, &mut scale, &mut offset).unwrap();
+        let offset = match self.view() {
+            Weights::Q4(w) => {
+                let mut offset = vec![0.0; self.scale.len()];
+                pack_q4(w, &mut qs, &mut scale, &mut offset).unwrap();
+                Some(offset)
+            }
+            Weights::Q6(w) => {
+                // SAFETY: u8 and i8 have the same size and alignment, every bit pattern valid.
+                let signed =
+                    unsafe { std::slice::from_raw_parts_mut(qs.as_mut_ptr().cast(), qs.len()) };
+                pack_q6(w, signed, &mut scale).unwrap();
+                None
+            }
+            _ => panic!("only 4-bit and q6 matrices are packed"),
+        };
         Matrix {
             qs,
             scale,
-            offset: Some(offset),
+            offset,
             packed: true,
             ..*self
         }
