@@ -96,7 +96,8 @@ def test_a_q4_k_m_files_packed_matrices_give_the_unpacked_ones_bits(
     """
     out = {}
     for pack in (True, False):
-        monkeypatch.setattr(lean_runner, "packing_on", lambda pack=pack: pack)
+        kinds = frozenset({"q4", "q6"} if pack else ())
+        monkeypatch.setattr(lean_runner, "packed_kinds", lambda kinds=kinds: kinds)
         r = runner(q4_k_m, tokenizer, block_dot=block_dot)
         kinds = {m.kind for m in r.weights.layers[0].matrices.values()}  # type: ignore[union-attr]
         assert kinds == ({"q4p", "q6p"} if pack else {"q4", "q6"})

@@ -18,7 +18,7 @@ import kvpark._core as _core
 import kvpark.runner.lean_runner as lean_runner
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
 from kvpark.model.gguf_blocks import PACK, Blocks, pack_position
-from kvpark.runner.packed_blocks import packing_on
+from kvpark.runner.packed_blocks import packed_kinds
 from kvpark.sched.plan import StepItem, StepPlan
 
 
@@ -102,22 +102,27 @@ def test_what_cannot_be_packed_is_refused() -> None:
 
 
 def test_packing_follows_the_switch_and_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    vnni = bool(_core._cpu_features()[1]["avx512_vnni"])
-    assert packing_on() == vnni
+    isa = _core._cpu_features()[1]
+    want = {"q4", "q6"} if isa["avx512_vnni"] else {"q4"} if isa["isa"] != "plain" else set()
+    assert packed_kinds() == want
     monkeypatch.setenv("KVPARK_CPU_PACK", "off")
-    assert not packing_on()
+    assert packed_kinds() == frozenset()
     monkeypatch.setenv("KVPARK_CPU_PACK", "maybe")
     with pytest.raises(ValueError, match="not a boolean"):
-        packing_on()
+        packed_kinds()
     monkeypatch.setenv("KVPARK_CPU_PACK", "on")
+    monkeypatch.setenv("KVPARK_CPU_SIDE_BY_SIDE", "off")
+    assert packed_kinds() == frozenset()  # the kernels that read it are off
+    monkeypatch.delenv("KVPARK_CPU_SIDE_BY_SIDE")
     monkeypatch.setenv("KVPARK_CPU_WIDE", "off")
-    assert not packing_on()  # the kernel that reads it is off
+    assert packed_kinds() == (frozenset({"q4"}) if want else frozenset())
     monkeypatch.delenv("KVPARK_CPU_WIDE")
-    # the ISA cap is read once a process: an AVX2 one never packs
-    code = "from kvpark.runner.packed_blocks import packing_on; print(packing_on())"
-    env = {**os.environ, "KVPARK_CPU_ISA": "avx2"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "False", out.stderr
+    # the ISA cap is read once a process: AVX2 packs q4 alone, the portable kernel nothing
+    code = "from kvpark.runner.packed_blocks import packed_kinds; print(sorted(packed_kinds()))"
+    for cap, kinds in (("avx2", "['q4']"), ("plain", "[]")):
+        env = {**os.environ, "KVPARK_CPU_ISA": cap}
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.stdout.strip() == kinds, run.stderr
 
 
 @pytest.mark.parametrize("block_dot", ["int8", "float32"])
@@ -126,7 +131,8 @@ def test_the_default_models_logits_are_the_unpacked_ones_bits(
 ) -> None:
     logits = {}
     for pack in (True, False):
-        monkeypatch.setattr(lean_runner, "packing_on", lambda pack=pack: pack)
+        kinds = frozenset({"q4", "q6"} if pack else ())
+        monkeypatch.setattr(lean_runner, "packed_kinds", lambda kinds=kinds: kinds)
         model = ModelConfig(threads=2, block_dot=block_dot)
         r = lean_runner.LeanCpuRunner.load(
             EngineConfig(model=model, pool=PoolConfig(kv_cells=64, page_size=16))

@@ -107,7 +107,7 @@ KNOBS: dict[str, Knob] = {
             "KVPARK_CPU_PACK",
             "on",
             "off: keep the lean runner's q4 and q6 matrices in the file's layout instead of "
-            "packing them at load for AVX-512 VNNI's side-by-side kernel (same bits; measuring).",
+            "packing them at load for the side-by-side kernels (same bits; for measuring).",
         ),
         Knob(
             "KVPARK_CPU_ISA",

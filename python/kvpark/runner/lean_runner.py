@@ -51,7 +51,7 @@ from kvpark.runner.cpu_decoder import (
 from kvpark.runner.cpu_paths import CpuPaths, exact_cpu_threads, resolve_cpu_paths
 from kvpark.runner.devices import device_kind
 from kvpark.runner.numpy_pool import NumpyKVPool
-from kvpark.runner.packed_blocks import pack_weights, packing_on
+from kvpark.runner.packed_blocks import pack_weights, packed_kinds
 from kvpark.runner.step_rows import sampled_rows
 from kvpark.sched.plan import StepItem, StepPlan
 from kvpark.tokenizer.tokenizer import Tokenizer
@@ -85,8 +85,8 @@ class LeanCpuRunner:
         name: str,
     ) -> None:
         self.model_config = model_config
-        if packing_on():
-            pack_weights(weights)  # the 4-bit matrices in the kernels' layout (packed_blocks.py)
+        # the q4 (and q6) matrices in the layout the kernels read in place (packed_blocks.py)
+        pack_weights(weights, packed_kinds())
         self.embed_matrix, self.head_matrix, self.matrices = decoder_matrices(weights)
         kinds = {
             isinstance(p, Blocks)

@@ -2,15 +2,16 @@
 its side-by-side kernel reads without transposing (``Blocks`` kinds "q4p" and "q6p"; the Rust
 crate's ``packed`` module defines the layout).
 
-Why: at several rows (chats decoding together, prompt chunks) AVX-512 VNNI's kernel multiplies
-sixteen columns at once from vectors holding four weights of each column, and from the file's
-row layout every product transposed each group's blocks first, every step. Packed, the same
-bytes and values lie in that order already, and one row takes that kernel too (on a
-Llama-1B-shaped Q4_K_M: eight chats +26 %, one +11 %). Only there: AVX2's kernels would read it
-no faster, and its one-row kernel not at all (a matrix packed anyway is unpacked a group at a
-time for them: same bits, slower). A matrix whose rows (its output columns) are not a multiple
-of 16 stays as it is. ``KVPARK_CPU_PACK=off`` keeps every matrix in the file's layout (same
-bits: for measuring).
+Why: at several rows (chats decoding together) the side-by-side kernels multiply sixteen
+(AVX-512 VNNI) or eight (AVX2) columns at once from vectors holding four weights of each
+column, and from the file's row layout every product transposed each group's blocks first,
+every step. Packed, the same bytes and values lie in that order already, the kernels read them
+in place, and one row takes them too (on a Llama-1B-shaped Q4_K_M, AVX-512: eight chats +26 %,
+one +11 %; AVX2, q4 alone: eight chats +13-17 %, one +3 %). A kernel that cannot read a packed
+matrix gets it unpacked a group at a time (same bits, slower), so only the kinds this CPU's
+kernels read are packed (``packed_kinds``). A matrix whose rows (its output columns) are not a
+multiple of 16 stays as it is. ``KVPARK_CPU_PACK=off`` keeps every matrix in the file's layout
+(same bits: for measuring).
 """
 
 from __future__ import annotations
@@ -23,36 +24,41 @@ from kvpark.model.gguf_blocks import PACK, Blocks
 from kvpark.model.weight_arrays import Matrix, NumpyWeights, Stacked
 
 
-def packing_on() -> bool:
-    """Whether the lean runner packs its q4 and q6 matrices: where the int8 kernel it runs is
-    AVX-512 VNNI's (under ``KVPARK_CPU_ISA``), the one that reads the packed layout, unless
-    ``KVPARK_CPU_PACK=off`` (or one of the switches that turns that kernel off)."""
-    wanted = parse_bool(raw("KVPARK_CPU_PACK"))
-    switched_off = any(
-        os.environ.get(v) == "off" for v in ("KVPARK_CPU_WIDE", "KVPARK_CPU_SIDE_BY_SIDE")
-    )
+def packed_kinds() -> frozenset[str]:
+    """The block kinds the lean runner packs on this CPU (under ``KVPARK_CPU_ISA``): "q4" and
+    "q6" where the int8 kernel is AVX-512 VNNI's (``wide_packed.rs`` reads both), "q4" on AVX2
+    (``side_by_side_packed.rs``; AVX2's q6 kernel reads the file's layout), none on the
+    portable kernel; none with ``KVPARK_CPU_PACK=off`` or ``KVPARK_CPU_SIDE_BY_SIDE=off``, "q4"
+    alone with ``KVPARK_CPU_WIDE=off`` (the kernels that read the others turned off)."""
+    if not parse_bool(raw("KVPARK_CPU_PACK")) or os.environ.get("KVPARK_CPU_SIDE_BY_SIDE") == "off":
+        return frozenset()
     isa = _core._cpu_features()[1]
-    return wanted and not switched_off and isa["isa"] == "avx512" and bool(isa["avx512_vnni"])
+    if isa["isa"] == "plain":
+        return frozenset()
+    if isa["avx512_vnni"] and os.environ.get("KVPARK_CPU_WIDE") != "off":
+        return frozenset({"q4", "q6"})
+    return frozenset({"q4"})
 
 
-def pack_weights(w: NumpyWeights) -> None:
-    """Every packable q4 and q6 matrix of ``w`` replaced by its packed form, in place and one at a
-    time, so no more than one matrix is held twice while it runs (peak memory)."""
+def pack_weights(w: NumpyWeights, kinds: frozenset[str]) -> None:
+    """Every matrix of ``w`` of one of ``kinds`` and a multiple of ``PACK`` rows replaced by its
+    packed form, in place and one at a time, so no more than one matrix is held twice while it
+    runs (peak memory)."""
     for layer in w.layers:
         for name in list(layer.matrices):
-            layer.matrices[name] = packed(layer.matrices[name])
+            layer.matrices[name] = packed(layer.matrices[name], kinds)
     tied = w.head is w.embed
-    w.embed = packed(w.embed)
-    w.head = w.embed if tied else packed(w.head)
+    w.embed = packed(w.embed, kinds)
+    w.head = w.embed if tied else packed(w.head, kinds)
 
 
-def packed(m: Matrix) -> Matrix:
-    """``m`` packed where it is a "q4" or "q6" matrix of a multiple of ``PACK`` rows (a fused
+def packed(m: Matrix, kinds: frozenset[str]) -> Matrix:
+    """``m`` packed where it is of one of ``kinds`` and a multiple of ``PACK`` rows (a fused
     one part by part), else ``m``."""
     if isinstance(m, Stacked):
-        return Stacked(tuple(p if not isinstance(p, Blocks) else _one(p) for p in m.parts))
-    return _one(m) if isinstance(m, Blocks) else m
+        return Stacked(tuple(_one(p, kinds) if isinstance(p, Blocks) else p for p in m.parts))
+    return _one(m, kinds) if isinstance(m, Blocks) else m
 
 
-def _one(m: Blocks) -> Blocks:
-    return m.packed() if m.kind in ("q4", "q6") and m.shape[0] % PACK == 0 else m
+def _one(m: Blocks, kinds: frozenset[str]) -> Blocks:
+    return m.packed() if m.kind in kinds and m.shape[0] % PACK == 0 else m

@@ -1,5 +1,5 @@
-//! 4-bit and q6 matrices packed once at load into the operand layout of AVX-512 VNNI's
-//! side-by-side kernel, so no product transposes them per call.
+//! 4-bit and q6 matrices packed once at load into the operand layout of the side-by-side
+//! kernels, so no product transposes them per call.
 //!
 //! Why: `int8/wide.rs` multiplies sixteen columns at once from vectors holding four weights of
 //! each column. From the row layout ([`Q4Weights`], [`Q6Weights`]) every call transposed each
@@ -7,7 +7,8 @@
 //! that phase, mostly waiting on the weights' read, was as long as the products on a Llama-1B
 //! shape, paid again every step, and one row could not use the kernel at all. Packed, the same
 //! bytes lie already in that order, the blocks in the order the kernel walks them, and
-//! `int8/wide_packed.rs` reads a group in place, front to back, for any number of rows.
+//! `int8/wide_packed.rs` (AVX-512 VNNI, q4 and q6) and `int8/side_by_side_packed.rs` (q4, eight
+//! columns: AVX2) read a group in place, front to back, for any number of rows.
 //!
 //! # Layout
 //! Columns go in groups of [`PACK`] (a packed matrix has a multiple of it); a group's blocks
@@ -20,10 +21,10 @@
 //! per half block: `V = 2`) holds the column's value `h` of that block at `[((g * blocks + p) *
 //! V + h) * PACK + i]`: each a vector of the sixteen columns.
 //!
-//! Every other reader (the portable and AVX2 kernels, the f32 path, columns past whole groups)
-//! takes a packed matrix through [`unpacked_columns`], a group at a time into the row layout;
-//! the embedding lookup reads a block in place ([`q4_block`], [`q6_block`]): the same values, so
-//! the same bits.
+//! Every other reader (the portable kernel, AVX2's q6 kernel, the f32 path, columns past whole
+//! groups) takes a packed matrix through [`unpacked_columns`], a group at a time into the row
+//! layout; the embedding lookup reads a block in place ([`q4_block`], [`q6_block`]): the same
+//! values, so the same bits.
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -5,6 +5,7 @@ use std::arch::x86_64::*;
 
 use super::one_row;
 use super::side_by_side::{self, Quads};
+use super::side_by_side_packed;
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
@@ -54,6 +55,24 @@ impl Quads for Maddubs {
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
     side_by_side::group::<Maddubs>(a, w, c0, y)
+}
+
+/// See `side_by_side_packed::group`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as `side_by_side_packed::group` requires.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn packed_group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    side_by_side_packed::group::<Maddubs>(a, w, c0, y)
+}
+
+/// See `side_by_side_packed::one_row`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as `side_by_side_packed::one_row` requires.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn packed_one_row(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    side_by_side_packed::one_row::<Maddubs>(a, w, c0, y)
 }
 
 /// See `simd::columns`.

@@ -92,6 +92,8 @@ mod scratch;
 #[cfg(target_arch = "x86_64")]
 mod side_by_side;
 #[cfg(target_arch = "x86_64")]
+mod side_by_side_packed;
+#[cfg(target_arch = "x86_64")]
 mod side_by_side_q8;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -107,6 +109,7 @@ mod wide_packed;
 pub use scratch::{I8Scratch, QuantisedRow};
 
 use crate::isa::{self, Isa};
+use crate::packed::PACK;
 use crate::shape::ShapeError;
 use crate::threads::{self, Output};
 use crate::tiling::COLUMN_CHUNK;
@@ -425,6 +428,38 @@ fn packed_columns(
                 }
             };
             c += wide::COLUMNS;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Weights::Q4(q4) = w {
+        if kernel != I8Kernel::Plain && side_by_side::enabled() {
+            // one row: a whole packed group at a time
+            while a.rows == 1 && c.is_multiple_of(PACK) && c + PACK <= cols.end {
+                // SAFETY: as below, for a whole group and one row.
+                unsafe {
+                    match kernel {
+                        I8Kernel::Avx512Vnni => vnni::packed_one_row(a, q4, c, y),
+                        _ => avx2::packed_one_row(a, q4, c, y),
+                    }
+                }
+                c += PACK;
+            }
+            // the eight-column 4-bit kernel, each half of a packed group in place (split once
+            // into its buffer for many rows)
+            let split = a.rows >= wide_packed::SPLIT_ROWS;
+            while c.is_multiple_of(side_by_side::GROUP) && c + side_by_side::GROUP <= cols.end {
+                // SAFETY: the kernel runs here (matmul_i8 checked), the half lies inside the
+                // packed matrix, and `a` was quantised for `w`.
+                unsafe {
+                    match (kernel, split) {
+                        (I8Kernel::Avx512Vnni, false) => vnni::packed_group(a, q4, c, y),
+                        (I8Kernel::Avx512Vnni, true) => vnni::group(a, q4, c, y),
+                        (_, false) => avx2::packed_group(a, q4, c, y),
+                        (_, true) => avx2::group(a, q4, c, y),
+                    }
+                }
+                c += side_by_side::GROUP;
+            }
         }
     }
     crate::packed::unpacked_columns(w, a.rows, c..cols.end, y, &|w, c, y| {

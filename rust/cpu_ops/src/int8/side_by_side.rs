@@ -19,6 +19,7 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::{Activations, LANES};
+use crate::packed::{position, quads_at, value_at, PACK};
 use crate::threads::Output;
 use crate::weights::{Q4Weights, BLOCK};
 
@@ -211,6 +212,9 @@ pub(super) unsafe fn store_row(acc: &[__m256; LANES], y: &Output, at: usize) {
 /// Writes every block of columns `c0..c0 + GROUP` into `g` (one entry a block), transposed.
 #[inline(always)]
 unsafe fn transpose(w: Q4Weights<'_>, c0: usize, g: &mut [Block8]) {
+    if w.packed {
+        return split_packed(w, c0, g);
+    }
     let blocks = g.len();
     let qs = w.qs.as_ptr();
     let mask = _mm256_set1_epi8(0x0f);
@@ -267,5 +271,30 @@ unsafe fn transpose(w: Q4Weights<'_>, c0: usize, g: &mut [Block8]) {
         };
         blk.scale = lanes(w.scale.as_ptr());
         blk.offset = lanes(w.offset.as_ptr());
+    }
+}
+
+/// [`transpose`] of a matrix packed at load (`crate::packed`; `c0` a multiple of [`GROUP`]):
+/// the group is one half of a packed group of sixteen, each block's operand vectors one load
+/// and a nibble split each, its scales and offsets one load. For calls of many rows
+/// (`side_by_side_packed::SPLIT_ROWS`), which would repeat the split in every tile in place.
+#[inline(always)]
+unsafe fn split_packed(w: Q4Weights<'_>, c0: usize, g: &mut [Block8]) {
+    let blocks = g.len();
+    let (start, half) = (c0 - c0 % PACK, c0 % PACK);
+    assert!(half.is_multiple_of(GROUP) && start + PACK <= w.n);
+    let qs = w.qs.as_ptr().add(quads_at(blocks, start, 0, 4) + 4 * half);
+    let at = value_at(blocks, start, 0, 1, 0) + half;
+    let (scale, offset) = (w.scale.as_ptr().add(at), w.offset.as_ptr().add(at));
+    let mask = _mm256_set1_epi8(0x0f);
+    for (b, blk) in g.iter_mut().enumerate() {
+        let p = position(blocks, b);
+        for i in 0..4 {
+            let t = _mm256_loadu_si256(qs.add((p * 4 + i) * 4 * PACK).cast());
+            blk.quads[i] = _mm256_and_si256(t, mask);
+            blk.quads[4 + i] = _mm256_and_si256(_mm256_srli_epi16::<4>(t), mask);
+        }
+        blk.scale = _mm256_loadu_ps(scale.add(p * PACK));
+        blk.offset = _mm256_loadu_ps(offset.add(p * PACK));
     }
 }

@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 
 use super::one_row;
 use super::side_by_side::{self, Quads};
+use super::side_by_side_packed;
 use super::simd::{self, Dot};
 use super::Activations;
 use crate::threads::Output;
@@ -50,6 +51,24 @@ impl Quads for Dpbusd {
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
     side_by_side::group::<Dpbusd>(a, w, c0, y)
+}
+
+/// See `side_by_side_packed::group`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and AVX-512 F, BW, VL and VNNI; as `side_by_side_packed::group` requires.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn packed_group(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    side_by_side_packed::group::<Dpbusd>(a, w, c0, y)
+}
+
+/// See `side_by_side_packed::one_row`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and AVX-512 F, BW, VL and VNNI; as `side_by_side_packed::one_row` requires.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn packed_one_row(a: &Activations<'_>, w: Q4Weights<'_>, c0: usize, y: &Output) {
+    side_by_side_packed::one_row::<Dpbusd>(a, w, c0, y)
 }
 
 /// See `simd::columns`.
