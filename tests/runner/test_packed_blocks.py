@@ -103,7 +103,7 @@ def test_what_cannot_be_packed_is_refused() -> None:
 
 def test_packing_follows_the_switch_and_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     isa = _core._cpu_features()[1]
-    want = {"q4", "q6"} if isa["avx512_vnni"] else {"q4"} if isa["isa"] != "plain" else set()
+    want = {"q4", "q6"} if isa["isa"] != "plain" else set()
     assert packed_kinds() == want
     monkeypatch.setenv("KVPARK_CPU_PACK", "off")
     assert packed_kinds() == frozenset()
@@ -117,9 +117,9 @@ def test_packing_follows_the_switch_and_the_cpu(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("KVPARK_CPU_WIDE", "off")
     assert packed_kinds() == (frozenset({"q4"}) if want else frozenset())
     monkeypatch.delenv("KVPARK_CPU_WIDE")
-    # the ISA cap is read once a process: AVX2 packs q4 alone, the portable kernel nothing
+    # the ISA cap is read once a process: AVX2 packs both, the portable kernel nothing
     code = "from kvpark.runner.packed_blocks import packed_kinds; print(sorted(packed_kinds()))"
-    for cap, kinds in (("avx2", "['q4']"), ("plain", "[]")):
+    for cap, kinds in (("avx2", "['q4', 'q6']"), ("plain", "[]")):
         env = {**os.environ, "KVPARK_CPU_ISA": cap}
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert run.stdout.strip() == kinds, run.stderr

@@ -7,7 +7,7 @@ Why: at several rows (chats decoding together) the side-by-side kernels multiply
 column, and from the file's row layout every product transposed each group's blocks first,
 every step. Packed, the same bytes and values lie in that order already, the kernels read them
 in place, and one row takes them too (on a Llama-1B-shaped Q4_K_M, AVX-512: eight chats +26 %,
-one +11 %; AVX2, q4 alone: eight chats +13-17 %, one +3 %). A kernel that cannot read a packed
+one +11 %; AVX2: eight chats +13-17 %, one +3 % for q4 alone). A kernel that cannot read a packed
 matrix gets it unpacked a group at a time (same bits, slower), so only the kinds this CPU's
 kernels read are packed (``packed_kinds``). A matrix whose rows (its output columns) are not a
 multiple of 16 stays as it is. ``KVPARK_CPU_PACK=off`` keeps every matrix in the file's layout
@@ -26,18 +26,18 @@ from kvpark.model.weight_arrays import Matrix, NumpyWeights, Stacked
 
 def packed_kinds() -> frozenset[str]:
     """The block kinds the lean runner packs on this CPU (under ``KVPARK_CPU_ISA``): "q4" and
-    "q6" where the int8 kernel is AVX-512 VNNI's (``wide_packed.rs`` reads both), "q4" on AVX2
-    (``side_by_side_packed.rs``; AVX2's q6 kernel reads the file's layout), none on the
-    portable kernel; none with ``KVPARK_CPU_PACK=off`` or ``KVPARK_CPU_SIDE_BY_SIDE=off``, "q4"
-    alone with ``KVPARK_CPU_WIDE=off`` (the kernels that read the others turned off)."""
+    "q6" wherever an int8 kernel reads them in place (AVX-512 VNNI: ``wide_packed.rs``; AVX2:
+    ``side_by_side_packed.rs`` and ``wide_avx2_packed.rs``), none on the portable kernel; none
+    with ``KVPARK_CPU_PACK=off`` or ``KVPARK_CPU_SIDE_BY_SIDE=off``, "q4" alone with
+    ``KVPARK_CPU_WIDE=off`` (the kernels that read q6 turned off)."""
     if not parse_bool(raw("KVPARK_CPU_PACK")) or os.environ.get("KVPARK_CPU_SIDE_BY_SIDE") == "off":
         return frozenset()
     isa = _core._cpu_features()[1]
     if isa["isa"] == "plain":
         return frozenset()
-    if isa["avx512_vnni"] and os.environ.get("KVPARK_CPU_WIDE") != "off":
-        return frozenset({"q4", "q6"})
-    return frozenset({"q4"})
+    if os.environ.get("KVPARK_CPU_WIDE") == "off":
+        return frozenset({"q4"})
+    return frozenset({"q4", "q6"})
 
 
 def pack_weights(w: NumpyWeights, kinds: frozenset[str]) -> None:

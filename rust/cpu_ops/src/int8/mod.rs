@@ -84,6 +84,7 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod one_row;
+mod packed_columns;
 mod plain;
 #[cfg(target_arch = "x86_64")]
 mod q6;
@@ -104,12 +105,13 @@ mod wide;
 #[cfg(target_arch = "x86_64")]
 mod wide_avx2;
 #[cfg(target_arch = "x86_64")]
+mod wide_avx2_packed;
+#[cfg(target_arch = "x86_64")]
 mod wide_packed;
 
 pub use scratch::{I8Scratch, QuantisedRow};
 
 use crate::isa::{self, Isa};
-use crate::packed::PACK;
 use crate::shape::ShapeError;
 use crate::threads::{self, Output};
 use crate::tiling::COLUMN_CHUNK;
@@ -321,7 +323,7 @@ pub(crate) struct Activations<'a> {
 }
 
 /// Output columns `cols` of every row, on `kernel` (which [`matmul_i8`] checked runs here).
-fn columns(
+pub(super) fn columns(
     kernel: I8Kernel,
     a: &Activations<'_>,
     w: Weights<'_>,
@@ -329,7 +331,7 @@ fn columns(
     y: &Output,
 ) {
     if w.packed() {
-        return packed_columns(kernel, a, w, cols, y);
+        return packed_columns::columns(kernel, a, w, cols, y);
     }
     #[cfg(target_arch = "x86_64")]
     if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
@@ -400,71 +402,6 @@ fn columns(
         }
     }
     columns_one_by_one(kernel, a, w, cols, y)
-}
-
-/// Output columns `cols` of every row of a matrix packed at load ([`crate::packed`], 4-bit or
-/// q6): whole
-/// groups on `wide_packed.rs`, which reads that layout as it lies, for any number of rows; the
-/// rest, and every column where that kernel cannot run or is off, unpacked a group at a time
-/// for the others (same bits, slower: the loader packs only where the wide kernel runs).
-fn packed_columns(
-    kernel: I8Kernel,
-    a: &Activations<'_>,
-    w: Weights<'_>,
-    cols: std::ops::Range<usize>,
-    y: &Output,
-) {
-    let mut c = cols.start;
-    #[cfg(target_arch = "x86_64")]
-    if kernel == I8Kernel::Avx512Vnni && wide::on() {
-        while c.is_multiple_of(wide::COLUMNS) && c + wide::COLUMNS <= cols.end {
-            // SAFETY: the kernel runs here (matmul_i8 checked), the group lies inside the
-            // matrix, starts a packed group, and `a` was quantised for `w`.
-            unsafe {
-                if a.rows >= wide_packed::SPLIT_ROWS {
-                    wide::group(a, w, c, y)
-                } else {
-                    wide_packed::group(a, w, c, y)
-                }
-            };
-            c += wide::COLUMNS;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Weights::Q4(q4) = w {
-        if kernel != I8Kernel::Plain && side_by_side::enabled() {
-            // one row: a whole packed group at a time
-            while a.rows == 1 && c.is_multiple_of(PACK) && c + PACK <= cols.end {
-                // SAFETY: as below, for a whole group and one row.
-                unsafe {
-                    match kernel {
-                        I8Kernel::Avx512Vnni => vnni::packed_one_row(a, q4, c, y),
-                        _ => avx2::packed_one_row(a, q4, c, y),
-                    }
-                }
-                c += PACK;
-            }
-            // the eight-column 4-bit kernel, each half of a packed group in place (split once
-            // into its buffer for many rows)
-            let split = a.rows >= wide_packed::SPLIT_ROWS;
-            while c.is_multiple_of(side_by_side::GROUP) && c + side_by_side::GROUP <= cols.end {
-                // SAFETY: the kernel runs here (matmul_i8 checked), the half lies inside the
-                // packed matrix, and `a` was quantised for `w`.
-                unsafe {
-                    match (kernel, split) {
-                        (I8Kernel::Avx512Vnni, false) => vnni::packed_group(a, q4, c, y),
-                        (I8Kernel::Avx512Vnni, true) => vnni::group(a, q4, c, y),
-                        (_, false) => avx2::packed_group(a, q4, c, y),
-                        (_, true) => avx2::group(a, q4, c, y),
-                    }
-                }
-                c += side_by_side::GROUP;
-            }
-        }
-    }
-    crate::packed::unpacked_columns(w, a.rows, c..cols.end, y, &|w, c, y| {
-        columns(kernel, a, w, c, y)
-    })
 }
 
 /// Output columns `cols` of every row, each column on its own.
