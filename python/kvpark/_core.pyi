@@ -507,7 +507,9 @@ def _cpu_pack_q4(
 
 def _cpu_pack_q6(qs: int, scale: int, n: int, k: int, out_qs: int, out_scale: int) -> None:
     """Packs a q6 matrix (qs [n, k] i8, scale [n, k/16] f32, row layout) into the arrays at
-    `out_*` (the same sizes), as [`_cpu_pack_q4`] does. Private: see kvpark.model.gguf_blocks.
+    `out_*` (compact: `kvpark_cpu_ops::q6_packed_lengths`), as [`_cpu_pack_q4`] does; a
+    ValueError where its quants or scales are not a K-quant's. Private: see
+    kvpark.model.gguf_blocks.
     """
 
 def _cpu_set_threads(n: int) -> None:

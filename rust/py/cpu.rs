@@ -357,7 +357,9 @@ pub(super) fn _cpu_pack_q4(
 }
 
 /// Packs a q6 matrix (qs [n, k] i8, scale [n, k/16] f32, row layout) into the arrays at
-/// `out_*` (the same sizes), as [`_cpu_pack_q4`] does. Private: see kvpark.model.gguf_blocks.
+/// `out_*` (compact: `kvpark_cpu_ops::q6_packed_lengths`), as [`_cpu_pack_q4`] does; a
+/// ValueError where its quants or scales are not a K-quant's. Private: see
+/// kvpark.model.gguf_blocks.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn _cpu_pack_q6(
@@ -375,6 +377,7 @@ pub(super) fn _cpu_pack_q6(
         )));
     }
     let scales = n * k / kvpark_cpu_ops::Q6_GROUP;
+    let (packed_qs, packed_d) = kvpark_cpu_ops::q6_packed_lengths(n, k);
     // SAFETY: as for _cpu_pack_q4.
     let (w, out_qs, out_scale) = unsafe {
         let w = kvpark_cpu_ops::Q6Weights {
@@ -387,8 +390,8 @@ pub(super) fn _cpu_pack_q6(
         };
         (
             w,
-            std::slice::from_raw_parts_mut(out_qs as *mut i8, n * k),
-            std::slice::from_raw_parts_mut(out_scale as *mut f32, scales),
+            std::slice::from_raw_parts_mut(out_qs as *mut i8, packed_qs),
+            std::slice::from_raw_parts_mut(out_scale as *mut f32, packed_d),
         )
     };
     py.detach(|| kvpark_cpu_ops::pack_q6(w, out_qs, out_scale))

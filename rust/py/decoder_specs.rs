@@ -41,7 +41,12 @@ impl Matrix {
     pub(super) unsafe fn find_low(&mut self) {
         let span = match self.kind {
             '8' => 32,
-            '6' | 'P' => 64,
+            '6' => 64,
+            // a packed q6 matrix's quants are in -32..32 (pack_q6 refuses others), stored compact
+            'P' => {
+                self.low = Some(-kvpark_cpu_ops::packed::Q6_BIAS);
+                return;
+            }
             _ => return,
         };
         self.low = narrow_low(slice(self.qs, self.n * self.k), span);
@@ -131,6 +136,15 @@ pub(super) unsafe fn maybe<'a>(at: usize, len: usize) -> Option<&'a [f32]> {
     (at != 0).then(|| slice(at, len))
 }
 
+/// A q6 matrix's quants (bytes) and scales: the row layout's, or compact where packed ('P').
+fn q6_lengths(m: &Matrix) -> (usize, usize) {
+    if m.kind == 'P' {
+        kvpark_cpu_ops::q6_packed_lengths(m.n, m.k)
+    } else {
+        (m.n * m.k, m.n * m.k / Q6_GROUP)
+    }
+}
+
 /// # Safety
 /// The matrix's tensors are live, of the sizes its kind and shape say.
 pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
@@ -161,8 +175,8 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             k: m.k,
         }),
         '6' | 'P' => Weights::Q6(Q6Weights {
-            qs: slice(m.qs, m.n * m.k),
-            scale: slice(m.scale, m.n * m.k / Q6_GROUP),
+            qs: slice(m.qs, q6_lengths(m).0),
+            scale: slice(m.scale, q6_lengths(m).1),
             n: m.n,
             k: m.k,
             low: m.low,

@@ -1,4 +1,5 @@
-"""4-bit matrices packed for the CPU decoder (runner/packed_blocks.py, ``Blocks`` kind "q4p"):
+"""4-bit and q6 matrices packed for the CPU decoder (runner/packed_blocks.py, ``Blocks`` kinds
+"q4p" and "q6p", q6 compact):
 the Rust packer's layout read back by ``unpacked`` (blocks lane by lane, a row length that
 leaves the lanes uneven), fusing and dequantising a packed matrix, what is refused, when the
 lean runner packs, and its logits bit for bit those of the unpacked weights on the real
@@ -18,7 +19,7 @@ import kvpark._core as _core
 import kvpark.runner.lean_runner as lean_runner
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
 from kvpark.model.gguf_blocks import PACK, Blocks, pack_position
-from kvpark.runner.packed_blocks import packed_kinds
+from kvpark.runner.packed_blocks import packed, packed_kinds
 from kvpark.sched.plan import StepItem, StepPlan
 
 
@@ -31,10 +32,16 @@ def q4(rows: int, blocks: int, seed: int) -> Blocks:
 
 
 def q6(rows: int, blocks: int, seed: int) -> Blocks:
+    """A "q6" matrix as the loader makes one from Q6_K: quants in -32..32, each row's scales per
+    256 weights an f16 ``d`` (either sign) times int8s, the extremes -128 and 127 among them."""
     rng = np.random.default_rng(seed)
     qs = rng.integers(-32, 32, (rows, blocks * 32), dtype=np.int8)
-    scale = rng.standard_normal((rows, 2 * blocks)).astype(np.float32)
-    return Blocks("q6", qs, scale, None)
+    supers = -(-blocks // 8)
+    d = rng.standard_normal((rows, supers, 1)).astype(np.float16).astype(np.float32)
+    sc = rng.integers(-128, 128, (rows, supers, 16)).astype(np.float32)
+    sc[:, :, :2] = [-128, 127]
+    scale = (d * sc).reshape(rows, -1)[:, : 2 * blocks]  # exact products
+    return Blocks("q6", qs, np.ascontiguousarray(scale), None)
 
 
 @pytest.mark.parametrize("kind", ["q4", "q6"])
@@ -42,7 +49,9 @@ def q6(rows: int, blocks: int, seed: int) -> Blocks:
 def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> None:
     m = (q4 if kind == "q4" else q6)(48, blocks, blocks)
     p = m.packed()
-    assert p.kind == kind + "p" and p.shape == m.shape and p.nbytes == m.nbytes
+    assert p.kind == kind + "p" and p.shape == m.shape
+    # q6 compact: 26 bytes a block and 4 a row's 8 blocks, against 32 + 8 in the row layout
+    assert p.nbytes == (m.nbytes if kind == "q4" else 48 * (26 * blocks + 4 * -(-blocks // 8)))
     if blocks > 1:  # another order: not the same bytes in place
         assert not np.array_equal(p.qs, m.qs)
     back = p.unpacked()
@@ -54,10 +63,25 @@ def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> No
     assert np.array_equal(p.dequantize(), m.dequantize())
     index = np.array([47, 0, 16, 3])
     assert np.array_equal(p.rows(index).dequantize(), m.rows(index).dequantize())
-    # row 17's block 0 sits in group 1, at position 0, column 1 of each quad vector
-    quads = 4 if kind == "q4" else 8
-    at = (blocks * quads * PACK + 1) * 4
-    assert np.array_equal(p.qs.reshape(-1)[at : at + 4], m.qs[17, :4])
+    # row 17's block 0 sits in group 1, at position 0, column 1 of each quad vector (q6: the
+    # low four bits of its quants plus 32, in the first vector)
+    flat = p.qs.reshape(-1)
+    if kind == "q4":
+        at = (blocks * 4 * PACK + 1) * 4
+        assert np.array_equal(flat[at : at + 4], m.qs[17, :4])
+    else:
+        at = blocks * 26 * PACK + 4
+        want = (m.qs[17, :4].astype(np.int16) + 32) & 15
+        assert np.array_equal(flat[at : at + 4] & 15, want)
+
+
+def test_q6_that_no_k_quant_gave_stays_in_the_row_layout() -> None:
+    m = q6(16, 4, 3)
+    odd = Blocks("q6", m.qs, m.scale + np.float32(1e-3), None)  # not d times int8s
+    with pytest.raises(ValueError, match="int8"):
+        odd.packed()
+    assert packed(odd, frozenset({"q6"})) is odd
+    assert packed(m, frozenset({"q6"})).kind == "q6p"
 
 
 def test_positions_go_lane_by_lane() -> None:
@@ -147,3 +171,34 @@ def test_the_default_models_logits_are_the_unpacked_ones_bits(
         logits[pack] = np.stack([r.execute(first)[0], r.execute(after)[0]])
     assert np.isfinite(logits[True]).all()
     assert logits[True].tobytes() == logits[False].tobytes()
+
+
+def test_the_lean_runner_packs_each_matrix_as_it_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peak memory of a load is the packed model plus one matrix in the file's form: each
+    block matrix is packed before the next tensor is read (a q6 one takes 10 bits a weight
+    unpacked, 6.5 packed)."""
+    import kvpark.model.gguf_tensors as gguf_tensors
+
+    log: list[str] = []
+    read, pack = gguf_tensors.read_tensor, lean_runner.packed_blocks
+
+    def reading(*args: object, **kw: object) -> object:
+        value = read(*args, **kw)  # type: ignore[arg-type]
+        log.append("read blocks" if isinstance(value, Blocks) else "read")
+        return value
+
+    def packing(m: Blocks, kinds: frozenset[str]) -> Blocks:
+        log.append("kept")
+        return pack(m, kinds)
+
+    monkeypatch.setattr(gguf_tensors, "read_tensor", reading)
+    monkeypatch.setattr(lean_runner, "packed_blocks", packing)
+    r = lean_runner.LeanCpuRunner.load(
+        EngineConfig(model=ModelConfig(threads=2), pool=PoolConfig(kv_cells=64, page_size=16))
+    )
+    blocks = [i for i, what in enumerate(log) if what == "read blocks"]
+    assert len(blocks) > 100  # the default model's 211 block matrices
+    assert all(log[i + 1] == "kept" for i in blocks)
+    if packed_kinds():
+        kinds = {m.kind for m in r.weights.layers[0].matrices.values()}  # type: ignore[union-attr]
+        assert kinds == {"q4p"}

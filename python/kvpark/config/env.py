@@ -106,8 +106,9 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "KVPARK_CPU_PACK",
             "on",
-            "off: keep the lean runner's q4 and q6 matrices in the file's layout instead of "
-            "packing them at load for the side-by-side kernels (same bits; for measuring).",
+            "off: keep the lean runner's q4 and q6 matrices in the loader's row layout instead "
+            "of packing them as they are read for the side-by-side kernels (same bits; q6 then "
+            "takes 10 bits a weight, not 6.5; for measuring).",
         ),
         Knob(
             "KVPARK_CPU_ISA",

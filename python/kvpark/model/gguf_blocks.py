@@ -24,6 +24,9 @@ import kvpark._core as _core
 BLOCK = 32
 PACK = 16  # rows per group of a "q4p" matrix (kvpark_cpu_ops::PACK)
 Q6_GROUP = 16  # weights per scale of kind "q6"
+Q6P_ROW_BYTES = 26  # a "q6p" row's block: 32 six-bit quants and two int8 scales
+Q6P_BLOCK_BYTES = Q6P_ROW_BYTES * PACK  # a "q6p" group's block
+Q6P_SUPER = 8  # blocks of a "q6p" row that share one d
 # the values an "iq4" nibble indexes (llama.cpp's kvalues_iq4nl, as the GGUF format defines them)
 IQ4_TABLE = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8
@@ -45,10 +48,15 @@ class Blocks:
     float32, one per 16 weights; no offset; weight = scale * q.
     ``kind`` "iq4" (IQ4_NL, IQ4_XS): ``qs`` [out, in / 2] uint8 in q4's nibble order; no offset;
     weight = scale * IQ4_TABLE[nibble]: the "q8" blocks of ``as_q8`` at half their bytes.
-    ``kind`` "q4p" / "q6p": a "q4" / "q6" matrix of a multiple of ``PACK`` rows packed for the
-    CPU decoder's side-by-side kernel (``packed``; the Rust crate's ``packed`` module has the
-    layout): the same arrays' shapes and values in another order. Rows of ``PACK`` stay
-    together, so ``cat`` holds as it is; ``rows`` and ``dequantize`` read it ``unpacked``.
+    ``kind`` "q4p": a "q4" matrix of a multiple of ``PACK`` rows packed for the CPU decoder's
+    side-by-side kernels (``packed``; the Rust crate's ``packed`` module has the layout): the
+    same arrays' shapes and values in another order.
+    ``kind`` "q6p": a "q6" matrix packed so, compact as its K-quant file held it: ``qs`` [out,
+    in * 13 / 16] uint8 (six bits a quant and an int8 scale per 16 weights, a block's 26 bytes
+    a row), ``scale`` [out, ceil(in / 256)] float32 (one ``d`` per row and 256 weights, each group's
+    as [run of 256, row]: each scale is ``d * sc``, exact), no offset.
+    Rows of ``PACK`` stay together in both, so ``cat`` holds as it is; ``rows`` and
+    ``dequantize`` read them ``unpacked``.
     """
 
     kind: str
@@ -58,6 +66,8 @@ class Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.kind == "q6p":
+            return self.qs.shape[0], self.qs.shape[1] * BLOCK // Q6P_ROW_BYTES
         return self.scale.shape[0], self.scale.shape[1] * scale_group(self.kind)
 
     @property
@@ -109,7 +119,14 @@ class Blocks:
             (self.qs, self.scale) if self.offset is None else (self.qs, self.scale, self.offset)
         )
         src = [np.ascontiguousarray(a) for a in arrays]
-        dst = [np.empty_like(a) for a in src]
+        if self.kind == "q4":
+            dst = [np.empty_like(a) for a in src]
+        else:
+            blocks = inp // BLOCK
+            dst = [
+                np.empty((out, blocks * Q6P_ROW_BYTES), np.uint8),
+                np.empty((out, -(-blocks // Q6P_SUPER)), np.float32),
+            ]
         a, b = [int(a.ctypes.data) for a in src], [int(a.ctypes.data) for a in dst]
         if self.kind == "q4":
             _core._cpu_pack_q4(a[0], a[1], a[2], out, inp, b[0], b[1], b[2])
@@ -121,31 +138,40 @@ class Blocks:
         """A "q4p" or "q6p" matrix as the "q4" or "q6" one it packs: each group of ``PACK``
         rows' blocks from [position, quad of 4 bytes, row, byte] back to [row, block, byte]
         (the values from [position, value, row] to [row, block, value]), block ``b`` at
-        ``pack_position(blocks, b)``."""
+        ``pack_position(blocks, b)``; q6's six bits and int8 scales widened again."""
         assert self.kind in ("q4p", "q6p")
         out, inp = self.shape
         groups, blocks = out // PACK, inp // BLOCK
         at = pack_position(blocks)
-        quads = 4 if self.kind == "q4p" else 8
-        qs: npt.NDArray[np.uint8] | npt.NDArray[np.int8] = self.qs.reshape(
-            groups, blocks, quads, PACK, 4
-        )[:, at].transpose(0, 3, 1, 2, 4)
-        per = 1 if self.kind == "q4p" else 2
-        values = [
-            np.ascontiguousarray(
-                v.reshape(groups, blocks, per, PACK)[:, at].transpose(0, 3, 1, 2)
-            ).reshape(out, blocks * per)
+        if self.kind == "q6p":
+            return self._q6_unpacked(groups, blocks, at)
+        qs = self.qs.reshape(groups, blocks, 4, PACK, 4)[:, at].transpose(0, 3, 1, 2, 4)
+        assert self.offset is not None
+        scale, offset = (
+            np.ascontiguousarray(v.reshape(groups, blocks, PACK)[:, at].transpose(0, 2, 1)).reshape(
+                out, blocks
+            )
             for v in (self.scale, self.offset)
-            if v is not None
-        ]
-        # the quants' own dtype (uint8 for q4, int8 for q6), which the transposition keeps
-        rows = cast("npt.NDArray[np.uint8] | npt.NDArray[np.int8]", np.ascontiguousarray(qs))
-        return Blocks(
-            self.kind[:2],
-            rows.reshape(out, -1),
-            values[0],
-            values[1] if per == 1 else None,
         )
+        rows = cast("npt.NDArray[np.uint8]", np.ascontiguousarray(qs))
+        return Blocks("q4", rows.reshape(out, -1), scale, offset)
+
+    def _q6_unpacked(self, groups: int, blocks: int, at: npt.NDArray[np.intp]) -> Blocks:
+        """``unpacked`` for "q6p" (the Rust crate's ``packed`` module documents the bytes)."""
+        out = groups * PACK
+        b = self.qs.reshape(groups, blocks, Q6P_BLOCK_BYTES)[:, at]  # [group, block, byte]
+        low = b[..., :256].reshape(groups, blocks, 4, PACK, 4)  # [.., j, row, e]
+        top = b[..., 256:384].reshape(groups, blocks, 2, PACK, 4)
+        quads = np.arange(8)
+        nib = (low[:, :, quads % 4] >> (4 * (quads // 4)).astype(np.uint8)[:, None, None]) & 15
+        high = (top[:, :, quads % 2] >> (2 * (quads // 2)).astype(np.uint8)[:, None, None]) & 3
+        u = (nib | (high << 4)).view(np.int8) - np.int8(32)  # [group, block, t, row, e]
+        qs = np.ascontiguousarray(u.transpose(0, 3, 1, 2, 4)).reshape(out, blocks * BLOCK)
+        sc = b[..., 384:416].view(np.int8).reshape(groups, blocks, 2, PACK)
+        d = self.scale.reshape(groups, -1, PACK).transpose(0, 2, 1)  # [group, row, super]
+        d = np.repeat(d, Q6P_SUPER, axis=2)[:, :, :blocks]  # [group, row, block]
+        scale = d[..., None] * sc.transpose(0, 3, 1, 2).astype(np.float32)  # exact products
+        return Blocks("q6", qs, np.ascontiguousarray(scale).reshape(out, 2 * blocks), None)
 
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:

@@ -14,7 +14,7 @@ refuses (a Q2_K head, say) loads through the torch model, dense where it must be
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from tqdm import tqdm
@@ -80,6 +80,10 @@ def decoder_unfit(w: NumpyWeights) -> str | None:
     return None
 
 
+# how a caller holds each block matrix it reads (read_gguf's ``keep``)
+Keep = Callable[[Blocks], Blocks]
+
+
 def read_gguf(
     g: GgufFile,
     *,
@@ -87,15 +91,24 @@ def read_gguf(
     strict: bool = False,
     progress: bool = False,
     dense_dtype: str | None = None,
+    keep: Keep | None = None,
 ) -> NumpyWeights[Matrix]:
     """Every tensor of ``g``; ``blocks``: matrices of the kept types as ``Blocks`` (else dense),
     ``strict``: Unfit at the first matrix the decoder cannot multiply; ``dense_dtype``: dense
     tensors stored in the model's dtype as they are read (weight_arrays.converted; vectors are
-    float32 whatever)."""
+    float32 whatever); ``keep``: each ``Blocks`` as the caller holds it (the lean runner's
+    packing), applied as it is read, so the file's form of one matrix at a time is in memory."""
     arch = arch_from_gguf(g)
     tensors = iter_tensors(g, arch, blocks=blocks, dense_dtype=dense_dtype)
+    if keep is not None:
+        tensors = _kept(tensors, keep)
     shown = _bar(tensors, len(g.tensors), progress, Path(g.path).name)
     return assemble_weights(arch, shown, g.path, strict=strict)
+
+
+def _kept(tensors: Iterator[NamedTensor], keep: Keep) -> Iterator[NamedTensor]:
+    for t in tensors:
+        yield NamedTensor(t.name, keep(t.value), t.fmt) if isinstance(t.value, Blocks) else t
 
 
 def read_model(
@@ -105,13 +118,14 @@ def read_model(
     progress: bool = False,
     dense_dtype: str | None = None,
     strict: bool = False,
+    keep: Keep | None = None,
 ) -> tuple[NumpyWeights[Matrix], Tokenizer, str]:
     """A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json): its
     weights, tokenizer and name (what /v1/models reports). ``blocks``: a GGUF's Q4_0, Q4_1,
     Q8_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices kept as ``Blocks``;
     everything else is dense, in ``dense_dtype`` where given, else as the file stores it (BF16 as
     its bits). ``strict``: Unfit at the first matrix the decoder cannot multiply
-    (weight_assembly.assemble_weights)."""
+    (weight_assembly.assemble_weights); ``keep``: as ``read_gguf``'s (a GGUF's blocks)."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"model path {path} does not exist")
@@ -122,7 +136,12 @@ def read_model(
     if is_gguf(p):
         g = GgufFile(path)
         weights = read_gguf(
-            g, blocks=blocks, strict=strict, progress=progress, dense_dtype=dense_dtype
+            g,
+            blocks=blocks,
+            strict=strict,
+            progress=progress,
+            dense_dtype=dense_dtype,
+            keep=keep,
         )
         return weights, gguf_tokenizer(g.metadata), p.name
     raise ModelLoadError(f"{path} is neither a GGUF file nor a Hugging Face model directory")

@@ -39,7 +39,7 @@ _BLOCKS: dict[str, tuple[type[np.generic], str]] = {
     "q4p": (np.uint8, "p"),
     "q8": (np.int8, "8"),
     "q6": (np.int8, "6"),
-    "q6p": (np.int8, "P"),
+    "q6p": (np.uint8, "P"),  # compact: six bits a quant, int8 scales
     "iq4": (np.uint8, "i"),
 }
 

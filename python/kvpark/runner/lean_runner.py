@@ -51,7 +51,7 @@ from kvpark.runner.cpu_decoder import (
 from kvpark.runner.cpu_paths import CpuPaths, exact_cpu_threads, resolve_cpu_paths
 from kvpark.runner.devices import device_kind
 from kvpark.runner.numpy_pool import NumpyKVPool
-from kvpark.runner.packed_blocks import pack_weights, packed_kinds
+from kvpark.runner.packed_blocks import pack_weights, packed_blocks, packed_kinds
 from kvpark.runner.step_rows import sampled_rows
 from kvpark.sched.plan import StepItem, StepPlan
 from kvpark.tokenizer.tokenizer import Tokenizer
@@ -128,7 +128,16 @@ class LeanCpuRunner:
         path = config.model.model or default_model_path()
         # dense_dtype None: each dense tensor in the dtype the file stores it in (no float32
         # copy of a bf16 or f16 checkpoint); strict: a file the decoder refuses is read no further
-        weights, tokenizer, name = read_model(path, blocks=True, dense_dtype=None, strict=True)
+        # each block matrix packed as it is read: the file's form of one matrix at a time in
+        # memory (a q6 one takes 10 bits a weight in it, 6.5 packed: the peak is the packed model)
+        kinds = packed_kinds()
+        weights, tokenizer, name = read_model(
+            path,
+            blocks=True,
+            dense_dtype=None,
+            strict=True,
+            keep=lambda m: packed_blocks(m, kinds),
+        )
         runner = cls(config.model, config.pool, fit_for_decoder(weights), tokenizer, name)
         return_freed_heap()
         log.info(

@@ -10,8 +10,10 @@ in place, and one row takes them too (on a Llama-1B-shaped Q4_K_M, AVX-512: eigh
 one +11 %; AVX2: eight chats +13-17 %, one +3 % for q4 alone). A kernel that cannot read a packed
 matrix gets it unpacked a group at a time (same bits, slower), so only the kinds this CPU's
 kernels read are packed (``packed_kinds``). A matrix whose rows (its output columns) are not a
-multiple of 16 stays as it is. ``KVPARK_CPU_PACK=off`` keeps every matrix in the file's layout
-(same bits: for measuring).
+multiple of 16 stays as it is. A q6 matrix packs compact, six bits a quant and an int8 scale per
+16 weights as its Q6_K or Q3_K file held them (the row layout takes 10 bits a weight: peak memory
+and a memory-bound single stream pay for each); one whose values no K-quant gave stays as it is.
+``KVPARK_CPU_PACK=off`` keeps every matrix in the file's layout (same bits: for measuring).
 """
 
 from __future__ import annotations
@@ -56,9 +58,22 @@ def packed(m: Matrix, kinds: frozenset[str]) -> Matrix:
     """``m`` packed where it is of one of ``kinds`` and a multiple of ``PACK`` rows (a fused
     one part by part), else ``m``."""
     if isinstance(m, Stacked):
-        return Stacked(tuple(_one(p, kinds) if isinstance(p, Blocks) else p for p in m.parts))
-    return _one(m, kinds) if isinstance(m, Blocks) else m
+        return Stacked(
+            tuple(packed_blocks(p, kinds) if isinstance(p, Blocks) else p for p in m.parts)
+        )
+    return packed_blocks(m, kinds) if isinstance(m, Blocks) else m
 
 
-def _one(m: Blocks, kinds: frozenset[str]) -> Blocks:
-    return m.packed() if m.kind in kinds and m.shape[0] % PACK == 0 else m
+def packed_blocks(m: Blocks, kinds: frozenset[str]) -> Blocks:
+    """One block matrix ``m`` packed where it is of one of ``kinds`` and a multiple of ``PACK``
+    rows, else ``m``."""
+    if m.kind not in kinds or m.shape[0] % PACK:
+        return m
+    try:
+        return m.packed()
+    except ValueError:
+        # a q6 matrix no K-quant gave (quants outside -32..32, scales not d times int8s)
+        # cannot be packed compact: it keeps the row layout, which every kernel reads
+        if m.kind != "q6":
+            raise
+        return m

@@ -60,7 +60,7 @@ pub use dense::{matmul_dense, DenseKernel};
 pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch};
 pub use iq4::IQ4_TABLE;
 pub use norm::rms_norm;
-pub use packed::{pack_q4, pack_q6, PACK};
+pub use packed::{pack_q4, pack_q6, q6_packed_lengths, PACK};
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;

@@ -12,17 +12,30 @@
 //!
 //! # Layout
 //! Columns go in groups of [`PACK`] (a packed matrix has a multiple of it); a group's blocks
-//! go lane by lane of `int8`'s combine ([`position`]: `p` below). A block of a column is `Q`
-//! quads of 4 bytes (q4: `Q = 4`, its 16 bytes, weights `4q..4q + 4` in the low nibbles of quad
-//! `q` and `16 + 4q..` in the high ones; q6: `Q = 8`, its 32 int8 quants); in group `g`, block
-//! at `p`, quad `q` of column `i` of the group sits at `qs[(((g * blocks + p) * Q + q) * PACK +
-//! i) * 4..][..4]`: each quad of a block is one 64-byte vector of the group's sixteen columns.
-//! A value array with `V` values a block (q4's scales, its offsets: `V = 1`; q6's scales, one
-//! per half block: `V = 2`) holds the column's value `h` of that block at `[((g * blocks + p) *
-//! V + h) * PACK + i]`: each a vector of the sixteen columns.
+//! go lane by lane of `int8`'s combine ([`position`]: `p` below).
 //!
-//! Every other reader (the portable kernel, AVX2's q6 kernel, the f32 path, columns past whole
-//! groups) takes a packed matrix through [`unpacked_columns`], a group at a time into the row
+//! q4: a block of a column is 4 quads of 4 bytes (its 16 bytes, weights `4q..4q + 4` in the
+//! low nibbles of quad `q` and `16 + 4q..` in the high ones); in group `g`, block at `p`, quad
+//! `q` of column `i` of the group sits at `qs[(((g * blocks + p) * 4 + q) * PACK + i) * 4..]
+//! [..4]`: each quad of a block is one 64-byte vector of the group's sixteen columns. Its scale
+//! and its offset lie at `[(g * blocks + p) * PACK + i]`: each a vector of the sixteen columns.
+//!
+//! q6 is packed compact, as the file holds it (6.5 bits a weight where the row layout takes
+//! 10: a byte a quant and two f32 scales a block): its quants `q` in -32..32 as `u = q + 32`
+//! in 0..64, six bits, and each scale as an int8 `sc` times an f32 `d` per column and run of
+//! [`SUPER`] blocks (Q6_K's and Q3_K's own form, found again at packing: [`int8_scales`]).
+//! A group's block at `p` is [`Q6_BLOCK_BYTES`] bytes from `qs[(g * blocks + p) * 416..]`;
+//! with `u_t` the quad of weights `4t..4t + 4` of column `i` (byte `e` its weight `4t + e`):
+//! - bytes `64 j + 4 i + e`, `j` in 0..4: `u_j`'s low four bits, `u_{j+4}`'s in the high nibble;
+//! - bytes `256 + 64 j + 4 i + e`, `j` in 0..2: bits `2m, 2m + 1` hold `u_{j+2m} >> 4`, `m` in
+//!   0..4;
+//! - bytes `384 + 16 h + i`: the int8 `sc` of half `h` (weights `16h..16h + 16`).
+//!
+//! Column `i`'s `d` for block `b` lies at `scale[(g * supers + b / SUPER) * PACK + i]`
+//! (`supers = ⌈blocks / SUPER⌉`), and its scale is `d * sc` (f32, exact: the row layout's value,
+//! bit for bit).
+//!
+//! Every other reader (the portable kernel, the f32 path, columns past whole groups) takes a packed matrix through [`unpacked_columns`], a group at a time into the row
 //! layout; the embedding lookup reads a block in place ([`q4_block`], [`q6_block`]): the same
 //! values, so the same bits.
 
@@ -36,6 +49,36 @@ use crate::weights::{Q4Weights, Q6Weights, Weights, BLOCK, Q6_GROUP};
 
 /// Columns per group of a packed matrix: the sixteen lanes of a 512-bit vector.
 pub const PACK: usize = 16;
+
+/// Blocks of a column that share one `d` in a packed q6 matrix: a K-quant super-block.
+pub const SUPER: usize = 8;
+
+/// Bytes of a packed q6 group's block: sixteen columns' 32 six-bit quants and two int8 scales.
+pub const Q6_BLOCK_BYTES: usize = 26 * PACK;
+
+/// What a packed q6 quant adds to `q` (in -32..32) to store it as six unsigned bits.
+pub const Q6_BIAS: i8 = 32;
+
+/// The lengths of a packed q6 matrix's quants (bytes) and `d` values, for `n` columns of `k`.
+pub fn q6_packed_lengths(n: usize, k: usize) -> (usize, usize) {
+    let blocks = k / BLOCK;
+    (
+        n * blocks * Q6_BLOCK_BYTES / PACK,
+        n * blocks.div_ceil(SUPER),
+    )
+}
+
+/// Where the packed q6 group holding column `c` has its block `b`.
+#[inline(always)]
+pub(crate) fn q6_at(blocks: usize, c: usize, b: usize) -> usize {
+    (c / PACK * blocks + position(blocks, b)) * Q6_BLOCK_BYTES
+}
+
+/// Where column `c`'s `d` for block `b` lies in a packed q6 matrix.
+#[inline(always)]
+pub(crate) fn q6_d_at(blocks: usize, c: usize, b: usize) -> usize {
+    (c / PACK * blocks.div_ceil(SUPER) + b / SUPER) * PACK + c % PACK
+}
 
 /// Where block `b` lies among a group's `blocks`: lane by lane of `int8`'s float combine (blocks
 /// `l, l + 8, l + 16, ...` for lane `l`, lanes in order), the order in which the kernels walk
@@ -72,12 +115,23 @@ pub(crate) fn q4_block(w: &Q4Weights<'_>, c: usize, b: usize) -> ([u8; BLOCK / 2
     (bytes, w.scale[v], w.offset[v])
 }
 
-/// Column `c`'s block `b` of a packed q6 matrix: its 32 quants and its two scales.
+/// Column `c`'s block `b` of a packed q6 matrix: its 32 quants and its two scales, as the row
+/// layout holds them.
 pub(crate) fn q6_block(w: &Q6Weights<'_>, c: usize, b: usize) -> ([i8; BLOCK], [f32; 2]) {
     let blocks = w.k / BLOCK;
+    let at = q6_at(blocks, c, b);
+    let bytes = |o: usize| w.qs[at + o] as u8;
+    let i = c % PACK;
     let mut qs = [0i8; BLOCK];
-    gather(w.qs, quads_at(blocks, c, b, 8), &mut qs);
-    let scale = [0, 1].map(|h| w.scale[value_at(blocks, c, b, 2, h)]);
+    for (t, quad) in qs.chunks_exact_mut(4).enumerate() {
+        for (e, q) in quad.iter_mut().enumerate() {
+            let low = bytes(64 * (t % 4) + 4 * i + e) >> (4 * (t / 4)) & 0x0f;
+            let high = bytes(256 + 64 * (t % 2) + 4 * i + e) >> (2 * (t / 2)) & 0x03;
+            *q = (low | high << 4) as i8 - Q6_BIAS;
+        }
+    }
+    let d = w.scale[q6_d_at(blocks, c, b)];
+    let scale = [0, 1].map(|h| d * f32::from(bytes(384 + 16 * h + i) as i8));
     (qs, scale)
 }
 
@@ -161,8 +215,11 @@ pub fn pack_q4(
     Ok(())
 }
 
-/// Packs the q6 `w` (row layout) into `qs` and `scale` (its arrays' lengths).
+/// Packs the q6 `w` (row layout) into `qs` and `scale` (the lengths of
+/// [`q6_packed_lengths`]): refused where a quant lies outside -32..32 or a column's run of
+/// [`SUPER`] blocks has scales that are not one f32 times int8s (not Q6_K's or Q3_K's).
 pub fn pack_q6(w: Q6Weights<'_>, qs: &mut [i8], scale: &mut [f32]) -> Result<(), ShapeError> {
+    let (qs_len, d_len) = q6_packed_lengths(w.n, w.k);
     packable(
         w.packed,
         w.n,
@@ -170,14 +227,80 @@ pub fn pack_q6(w: Q6Weights<'_>, qs: &mut [i8], scale: &mut [f32]) -> Result<(),
         &[
             ("qs", w.qs.len(), w.n * w.k),
             ("scale", w.scale.len(), w.n * w.k / Q6_GROUP),
-            ("packed qs", qs.len(), w.n * w.k),
-            ("packed scale", scale.len(), w.n * w.k / Q6_GROUP),
+            ("packed qs", qs.len(), qs_len),
+            ("packed scale", scale.len(), d_len),
         ],
     )?;
+    if let Some(q) = w.qs.iter().find(|q| !(-Q6_BIAS..Q6_BIAS).contains(*q)) {
+        return Err(ShapeError(format!(
+            "packs q6 quants in -32..32 only, not {q}"
+        )));
+    }
     let blocks = w.k / BLOCK;
-    pack_quads(w.qs, qs, w.n, blocks, 8);
-    pack_values(w.scale, scale, w.n, blocks, 2);
+    for c in 0..w.n {
+        for (s, run) in w.scale[c * blocks * 2..(c + 1) * blocks * 2]
+            .chunks(2 * SUPER)
+            .enumerate()
+        {
+            let mut sc = [0i8; 2 * SUPER];
+            let d = int8_scales(run, &mut sc[..run.len()]).ok_or_else(|| {
+                ShapeError(format!(
+                    "column {c}'s q6 scales {run:?} are not one f32 times int8s"
+                ))
+            })?;
+            scale[q6_d_at(blocks, c, s * SUPER)] = d;
+            for (j, sc) in sc[..run.len()].iter().enumerate() {
+                let (b, h) = (s * SUPER + j / 2, j % 2);
+                qs[q6_at(blocks, c, b) + 384 + 16 * h + c % PACK] = *sc;
+            }
+        }
+        for b in 0..blocks {
+            let (at, i) = (q6_at(blocks, c, b), c % PACK);
+            let u =
+                |t: usize, e: usize| (w.qs[(c * blocks + b) * BLOCK + 4 * t + e] + Q6_BIAS) as u8;
+            for e in 0..4 {
+                for j in 0..4 {
+                    let byte = u(j, e) & 0x0f | (u(j + 4, e) & 0x0f) << 4;
+                    qs[at + 64 * j + 4 * i + e] = byte as i8;
+                }
+                for j in 0..2 {
+                    let byte = (0..4).fold(0u8, |acc, m| acc | (u(j + 2 * m, e) >> 4) << (2 * m));
+                    qs[at + 256 + 64 * j + 4 * i + e] = byte as i8;
+                }
+            }
+        }
+    }
     Ok(())
+}
+
+/// An f32 `d` and int8s `sc` with `d * sc[j]` equal to `values[j]`, bit for bit, if there are:
+/// K-quant scales are `d * sc` with the largest `|sc|` 127 or 128 (their quantiser's) or less,
+/// so `d` is the value of largest magnitude over its own `sc`, tried from the largest.
+fn int8_scales(values: &[f32], sc: &mut [i8]) -> Option<f32> {
+    let fits = |d: f32, sc: &mut [i8]| {
+        values.iter().zip(sc.iter_mut()).all(|(v, sc)| {
+            let t = (v / d).round();
+            *sc = t.clamp(-128.0, 127.0) as i8;
+            (-128.0..=127.0).contains(&t) && (d * f32::from(*sc)).to_bits() == v.to_bits()
+        })
+    };
+    if values.iter().all(|v| *v == 0.0) {
+        // d = 0: a -0.0 scale is 0 times -1
+        for (v, sc) in values.iter().zip(sc.iter_mut()) {
+            *sc = if v.is_sign_negative() { -1 } else { 0 };
+        }
+        return Some(0.0);
+    }
+    let top = values
+        .iter()
+        .copied()
+        .fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    (1..=128)
+        .rev()
+        .flat_map(|s: i16| [s, -s])
+        .filter(|s| *s != 128)
+        .map(|s| top / f32::from(s))
+        .find(|d| d.is_finite() && *d != 0.0 && fits(*d, sc))
 }
 
 /// One chunk's quants, scales and offsets in the row layout, and its rows' outputs.
@@ -251,7 +374,7 @@ pub(crate) fn unpacked_columns(
                         scale: &scale[..m * 2 * blocks],
                         n: m,
                         k,
-                        low: w.low, // the same values
+                        low: Some(-crate::packed::Q6_BIAS), // every quant in -32..32
                         packed: false,
                     })
                 }

@@ -236,8 +236,13 @@ impl Weights<'_> {
             Weights::Q6(w) => {
                 check_blocks(x, y, rows, n, k)?;
                 check_packed(w.packed, n)?;
-                check("qs", w.qs.len(), n * k)?;
-                check("scale", w.scale.len(), n * k / Q6_GROUP)
+                let (qs, scale) = if w.packed {
+                    crate::packed::q6_packed_lengths(n, k)
+                } else {
+                    (n * k, n * k / Q6_GROUP)
+                };
+                check("qs", w.qs.len(), qs)?;
+                check("scale", w.scale.len(), scale)
             }
             Weights::Iq4(w) => {
                 check_blocks(x, y, rows, n, k)?;

@@ -5,8 +5,8 @@
 mod support;
 
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, pack_q4, set_threads, I8Kernel, I8Scratch,
-    Q4Weights, Weights, BLOCK, PACK,
+    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, pack_q4, pack_q6, q6_packed_lengths,
+    set_threads, I8Kernel, I8Scratch, Q4Weights, Q6Weights, Weights, BLOCK, PACK,
 };
 use proptest::prelude::*;
 use support::{activations, matrix, same, Kind, STYLES};
@@ -102,7 +102,7 @@ proptest! {
     ) {
         let (n, k) = (groups * PACK, blocks * BLOCK);
         let mut s = seed;
-        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6, Kind::Q6Narrow][kind];
+        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6K, Kind::Q6K][kind];
         let m = matrix(kind, n, k, &mut s);
         let p = m.packed();
         let x = activations(rows, k, STYLES, &mut s);
@@ -137,28 +137,74 @@ proptest! {
 
 #[test]
 fn the_q6_layout_is_the_documented_one() {
-    let (n, blocks) = (32, 3);
-    let m = matrix(Kind::Q6, n, blocks * BLOCK, &mut 9);
+    let (n, blocks) = (32, 11); // two runs of SUPER blocks, the second short
+    let mut seed = 9;
+    let m = matrix(Kind::Q6K, n, blocks * BLOCK, &mut seed);
     let p = m.packed();
+    let (qs_len, d_len) = q6_packed_lengths(n, blocks * BLOCK);
+    assert_eq!((p.qs.len(), p.scale.len()), (qs_len, d_len));
+    assert_eq!((qs_len, d_len), (n * blocks * 26, n * 2));
+    // 11 blocks: lanes 0-2 hold two each (b, b + 8), lanes 3-7 one
+    let position = |b: usize| {
+        if b < 8 {
+            2 * b.min(3) + b.saturating_sub(3)
+        } else {
+            2 * (b - 8) + 1
+        }
+    };
     for c in 0..n {
+        let (g, i) = (c / PACK, c % PACK);
         for b in 0..blocks {
-            let (g, i) = (c / PACK, c % PACK);
-            // three blocks: lanes 0, 1, 2 hold one each, so position = block
-            for q in 0..8 {
-                let at = (((g * blocks + b) * 8 + q) * PACK + i) * 4;
-                let from = (c * blocks + b) * 32 + 4 * q;
+            let at = (g * blocks + position(b)) * 26 * PACK;
+            for w in 0..BLOCK {
+                let (t, e) = (w / 4, w % 4);
+                let u = i32::from(m.qs[(c * blocks + b) * BLOCK + w] as i8) + 32;
+                let low = p.qs[at + 64 * (t % 4) + 4 * i + e] >> (4 * (t / 4)) & 0x0f;
+                let high = p.qs[at + 256 + 64 * (t % 2) + 4 * i + e] >> (2 * (t / 2)) & 3;
                 assert_eq!(
-                    p.qs[at..at + 4],
-                    m.qs[from..from + 4],
-                    "column {c} block {b}"
+                    i32::from(low | high << 4),
+                    u,
+                    "column {c} block {b} weight {w}"
                 );
             }
+            let d = p.scale[(g * 2 + b / 8) * PACK + i];
             for h in 0..2 {
+                let sc = p.qs[at + 384 + 16 * h + i] as i8;
+                let scale = m.scale[(c * blocks + b) * 2 + h];
                 assert_eq!(
-                    p.scale[((g * blocks + b) * 2 + h) * PACK + i],
-                    m.scale[(c * blocks + b) * 2 + h]
+                    (d * f32::from(sc)).to_bits(),
+                    scale.to_bits(),
+                    "column {c} block {b}"
                 );
             }
         }
     }
+}
+
+#[test]
+fn q6_packing_refuses_what_it_cannot_hold() {
+    let mut seed = 4;
+    let m = matrix(Kind::Q6K, 16, 64, &mut seed);
+    let (q, d) = q6_packed_lengths(16, 64);
+    let pack = |qs: &[u8], scale: &[f32]| {
+        let w = Q6Weights {
+            // SAFETY: u8 and i8 have the same size and alignment, every bit pattern valid.
+            qs: unsafe { std::slice::from_raw_parts(qs.as_ptr().cast(), qs.len()) },
+            scale,
+            n: 16,
+            k: 64,
+            low: None,
+            packed: false,
+        };
+        pack_q6(w, &mut vec![0; q], &mut vec![0.0; d])
+    };
+    assert!(pack(&m.qs, &m.scale).is_ok());
+    // a quant outside -32..32 (Q6 from no K-quant)
+    let mut qs = m.qs.clone();
+    qs[5] = 32;
+    assert!(pack(&qs, &m.scale).unwrap_err().0.contains("-32..32"));
+    // scales that no one f32 times int8s give
+    let mut scale = m.scale.clone();
+    scale[..4].copy_from_slice(&[1.0, 0.1, 0.3, 1e-3]);
+    assert!(pack(&m.qs, &scale).unwrap_err().0.contains("int8"));
 }

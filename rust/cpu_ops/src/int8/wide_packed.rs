@@ -13,9 +13,10 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::wide::{corrected, quad, store_rows, Block16, COLUMNS, TILE};
+use super::wide::{quad, store_rows, Block16, COLUMNS, TILE};
 use super::{Activations, LANES};
-use crate::packed::{position, quads_at, value_at, PACK};
+use crate::packed::Q6_BLOCK_BYTES;
+use crate::packed::{position, q6_at, q6_d_at, quads_at, value_at, PACK, Q6_BIAS, SUPER};
 use crate::threads::Output;
 use crate::weights::{Weights, BLOCK};
 
@@ -58,7 +59,7 @@ pub(super) const SPLIT_ROWS: usize = 16;
 pub(super) unsafe fn split(w: Weights<'_>, c0: usize, g: &mut [Block16]) {
     let blocks = w.k() / BLOCK;
     let p = packed(w, c0, blocks);
-    let (mask, flip) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
+    let mask = _mm512_set1_epi8(0x0f);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         let at = position(blocks, b);
         if let Weights::Q4(_) = w {
@@ -71,14 +72,67 @@ pub(super) unsafe fn split(w: Weights<'_>, c0: usize, g: &mut [Block16]) {
             blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * PACK));
             blk.offset = _mm512_loadu_ps(p.offset.add(at * PACK));
         } else {
-            let src = p.qs.add(at * 512);
-            for (j, q) in blk.quads.iter_mut().enumerate() {
-                *q = _mm512_xor_si512(_mm512_loadu_si512(src.add(64 * j).cast()), flip);
-            }
-            blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * 2 * PACK));
-            blk.scale[1] = _mm512_loadu_ps(p.scale.add((at * 2 + 1) * PACK));
+            // wide.rs's q6 operands are `q + 128`: the stored `q + 32` less 96
+            let src = p.qs.add(at * Q6_BLOCK_BYTES);
+            blk.quads = q6_quads(src, _mm512_set1_epi8(96));
+            (blk.scale[0], blk.scale[1]) = q6_scales(src, p.scale.add(b / SUPER * PACK));
         }
     }
+}
+
+/// A packed q6 block's eight quad vectors (`u_t = q + 32` of weights `4t..4t + 4` of each column)
+/// from its bytes at `src` (`crate::packed`'s layout), plus `add` (wrapping).
+#[inline(always)]
+unsafe fn q6_quads(src: *const u8, add: __m512i) -> [__m512i; 8] {
+    let (nibble, top) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    let mut u = [_mm512_setzero_si512(); 8];
+    // plain loops, not closures: a closure does not inherit this function's target features
+    let h = [
+        _mm512_loadu_si512(src.add(256).cast()),
+        _mm512_loadu_si512(src.add(320).cast()),
+    ];
+    for j in 0..4 {
+        let l = _mm512_loadu_si512(src.add(64 * j).cast());
+        u[j] = _mm512_and_si512(l, nibble);
+        u[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(l), nibble);
+    }
+    // bits 2m, 2m + 1 of `h[j]` are the top bits of quad j + 2m: moved to bits 4, 5
+    let high = [
+        _mm512_slli_epi16::<4>(h[0]),
+        _mm512_slli_epi16::<4>(h[1]),
+        _mm512_slli_epi16::<2>(h[0]),
+        _mm512_slli_epi16::<2>(h[1]),
+        h[0],
+        h[1],
+        _mm512_srli_epi16::<2>(h[0]),
+        _mm512_srli_epi16::<2>(h[1]),
+    ];
+    for t in 0..8 {
+        let q = _mm512_or_si512(u[t], _mm512_and_si512(high[t], top));
+        u[t] = _mm512_add_epi8(q, add);
+    }
+    u
+}
+
+/// A packed q6 block's two scale vectors (`d * sc` of each column, weights 0..16 and 16..32):
+/// its int8 `sc` after the quants at `src`, its columns' `d` at `d`.
+#[inline(always)]
+unsafe fn q6_scales(src: *const u8, d: *const f32) -> (__m512, __m512) {
+    let d = _mm512_loadu_ps(d);
+    let lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(384).cast()));
+    let hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(400).cast()));
+    (
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)),
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)),
+    )
+}
+
+/// A q6 half block's `Σ u q` (`u = w + 32`, the packed quants) as f32 less `32 Σ q` (`sum`):
+/// `Σ w q`, exact (every value an integer below `2^24`), the bits of converting it.
+#[inline(always)]
+unsafe fn unbiased(dots: __m512i, sum: __m512) -> __m512 {
+    let bias = _mm512_set1_ps(f32::from(Q6_BIAS));
+    _mm512_fnmadd_ps(sum, bias, _mm512_cvtepi32_ps(dots))
 }
 
 /// A packed group's quants, scales and offsets (each block's at its position; no offsets for
@@ -112,10 +166,11 @@ unsafe fn packed(w: Weights<'_>, c0: usize, blocks: usize) -> Packed {
             }
         }
         Weights::Q6(w) => {
-            assert!(w.qs.len() == n * blocks * 32 && w.scale.len() == n * blocks * 2);
+            let (qs, d) = crate::packed::q6_packed_lengths(n, w.k);
+            assert!(w.qs.len() == qs && w.scale.len() == d);
             Packed {
-                qs: w.qs.as_ptr().add(quads_at(blocks, c0, 0, 8)).cast(),
-                scale: w.scale.as_ptr().add(value_at(blocks, c0, 0, 2, 0)),
+                qs: w.qs.as_ptr().add(q6_at(blocks, c0, 0)).cast(),
+                scale: w.scale.as_ptr().add(q6_d_at(blocks, c0, 0)),
                 offset: std::ptr::null(),
                 blocks,
             }
@@ -158,14 +213,10 @@ unsafe fn tile<const R: usize, const K: u8>(
 ) {
     let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
-    let (mask, flip) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
-    // a block's bytes and values in the group: q4 four vectors, a scale and an offset; q6 eight
-    // vectors and two scales
-    let (bytes, values) = if K == Q4 {
-        (256, PACK)
-    } else {
-        (512, 2 * PACK)
-    };
+    let mask = _mm512_set1_epi8(0x0f);
+    // a block's bytes in the group: q4 four vectors (its scales and offsets apart); q6 its six
+    // bits a quant and its int8 scales (the columns' `d` apart, one a run of SUPER blocks)
+    let bytes = if K == Q4 { 256 } else { Q6_BLOCK_BYTES };
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
     let mut p = 0; // the block's position in the group
     let mut lanes = [[MaybeUninit::<__m512>::uninit(); LANES]; R];
@@ -174,24 +225,22 @@ unsafe fn tile<const R: usize, const K: u8>(
         for j in 0..per_lane + usize::from(l < longer) {
             let b = l + j * LANES;
             let src = g.qs.add(p * bytes);
-            let vals = g.scale.add(p * values);
             if r0 == 0 {
                 let ahead = src.wrapping_add(PACKED_AHEAD);
                 for line in (0..bytes).step_by(64) {
                     _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
                 }
-                let ahead = vals.wrapping_add(PACKED_AHEAD / 4);
-                for line in (0..values).step_by(16) {
-                    _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
-                }
                 if K == Q4 {
-                    let ahead = g.offset.wrapping_add(p * PACK + PACKED_AHEAD / 4);
-                    _mm_prefetch(ahead.cast(), _MM_HINT_T0);
+                    for v in [g.scale, g.offset] {
+                        let ahead = v.wrapping_add(p * PACK + PACKED_AHEAD / 4);
+                        _mm_prefetch(ahead.cast(), _MM_HINT_T0);
+                    }
                 }
             }
             // plain loops, not closures: a closure does not inherit this function's target
             // features, and its intrinsics became calls
             let mut u = [_mm512_setzero_si512(); 8];
+            let (scale, second);
             if K == Q4 {
                 for j in 0..4 {
                     let t = _mm512_loadu_si512(src.add(64 * j).cast());
@@ -199,17 +248,12 @@ unsafe fn tile<const R: usize, const K: u8>(
                     u[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(t), mask);
                     // 16 + ..
                 }
+                scale = _mm512_loadu_ps(g.scale.add(p * PACK));
+                second = _mm512_loadu_ps(g.offset.add(p * PACK));
             } else {
-                for (j, u) in u.iter_mut().enumerate() {
-                    *u = _mm512_xor_si512(_mm512_loadu_si512(src.add(64 * j).cast()), flip);
-                }
+                u = q6_quads(src, _mm512_setzero_si512());
+                (scale, second) = q6_scales(src, g.scale.add(b / SUPER * PACK));
             }
-            let scale = _mm512_loadu_ps(vals);
-            let second = _mm512_loadu_ps(if K == Q4 {
-                g.offset.add(p * PACK)
-            } else {
-                vals.add(PACK)
-            });
             for r in 0..R {
                 let x = xq[r].add(b * BLOCK);
                 let mut s0 = _mm512_setzero_si512();
@@ -225,8 +269,8 @@ unsafe fn tile<const R: usize, const K: u8>(
                     let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), sum, acc[r]);
                 } else {
-                    let lo = corrected(s0, _mm512_set1_ps(*a.lo.as_ptr().add(at[r] + b)));
-                    let hi = corrected(s1, _mm512_set1_ps(*a.hi.as_ptr().add(at[r] + b)));
+                    let lo = unbiased(s0, _mm512_set1_ps(*a.lo.as_ptr().add(at[r] + b)));
+                    let hi = unbiased(s1, _mm512_set1_ps(*a.hi.as_ptr().add(at[r] + b)));
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), lo, acc[r]);
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), hi, acc[r]);
                 }

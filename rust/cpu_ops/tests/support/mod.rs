@@ -2,7 +2,8 @@
 #![allow(dead_code)] // each test file uses its own part
 
 use kvpark_cpu_ops::{
-    narrow_low, pack_q4, pack_q6, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+    narrow_low, pack_q4, pack_q6, q6_packed_lengths, Q4Weights, Q6Weights, Q8Weights, Weights,
+    BLOCK, Q6_GROUP,
 };
 
 pub fn lcg(seed: &mut u64) -> u32 {
@@ -49,6 +50,10 @@ pub enum Kind {
     Q5Offset,
     /// Q6 whose quants span 64 values (as Q6_K's, -32..32), at a random place in the i8 range.
     Q6Narrow,
+    /// Q6 as the loader makes it from Q6_K (quants in -32..32, int8 scales up to -128) or Q3_K
+    /// (-4..4, scales in -32..32): each run of eight blocks' scales an f16-like `d` times int8s,
+    /// what `pack_q6` stores compact.
+    Q6K,
 }
 
 pub const KINDS: [Kind; 8] = [
@@ -66,13 +71,17 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     let blocks = n * k / BLOCK;
     let q4 = matches!(kind, Kind::Q4 | Kind::Q4Signed);
     let bytes = if q4 { n * k / 2 } else { n * k };
+    let q3 = lcg(seed).is_multiple_of(2); // a Q6K matrix from Q3_K
     let span: u32 = match kind {
         Kind::Q5 | Kind::Q5Offset => 32,
         Kind::Q6Narrow => 64,
+        Kind::Q6K if q3 => 8,
+        Kind::Q6K => 64,
         _ => 256,
     };
     // a window of `span` values anywhere in the i8 range, its ends included sometimes
     let least = match lcg(seed) % 4 {
+        _ if matches!(kind, Kind::Q6K) => -(span as i32) / 2,
         0 => -128,
         1 => 128 - span as i32,
         _ => (lcg(seed) % (257 - span)) as i32 - 128,
@@ -87,18 +96,42 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     } else {
         None
     };
-    let scales = if matches!(kind, Kind::Q6 | Kind::Q6Narrow) {
+    let scales = if matches!(kind, Kind::Q6 | Kind::Q6Narrow | Kind::Q6K) {
         2 * blocks
     } else {
         blocks
     };
-    let scale: Vec<f32> = (0..scales).map(|_| unit(seed) / 16.0).collect();
+    let mut scale: Vec<f32> = (0..scales).map(|_| unit(seed) / 16.0).collect();
+    if let Kind::Q6K = kind {
+        // per column and run of eight blocks: d with an 11-bit significand (sometimes 0, either
+        // sign), times int8s (Q6_K's extremes -128 and 127 included sometimes)
+        for run in scale
+            .chunks_mut(2 * (k / BLOCK))
+            .flat_map(|c| c.chunks_mut(16))
+        {
+            let d = match lcg(seed) % 8 {
+                0 => 0.0,
+                _ => (lcg(seed) % 2048) as f32 * 2f32.powi(-18 - (lcg(seed) % 8) as i32),
+            };
+            let d = if lcg(seed).is_multiple_of(2) { d } else { -d };
+            for v in run.iter_mut() {
+                let sc = match lcg(seed) % 8 {
+                    0 => -128,
+                    1 => 127,
+                    2 => 0,
+                    _ if q3 => (lcg(seed) % 64) as i32 - 32,
+                    _ => (lcg(seed) % 256) as i32 - 128,
+                };
+                *v = d * sc as f32; // exact: 11 bits times 8
+            }
+        }
+    }
     let offset = match kind {
         Kind::Q4 | Kind::Q8Offset | Kind::Q5Offset => {
             Some((0..blocks).map(|_| unit(seed)).collect())
         }
         Kind::Q4Signed => Some(scale.iter().map(|s| -8.0 * s).collect()),
-        Kind::Q8 | Kind::Q6 | Kind::Q6Narrow | Kind::Q5 => None,
+        Kind::Q8 | Kind::Q6 | Kind::Q6Narrow | Kind::Q6K | Kind::Q5 => None,
     };
     Matrix {
         kind,
@@ -136,7 +169,7 @@ impl Matrix {
                 k,
                 low: self.low,
             }),
-            Kind::Q6 | Kind::Q6Narrow => Weights::Q6(Q6Weights {
+            Kind::Q6 | Kind::Q6Narrow | Kind::Q6K => Weights::Q6(Q6Weights {
                 qs: signed,
                 scale: &self.scale,
                 n,
@@ -150,8 +183,11 @@ impl Matrix {
     /// The same 4-bit or q6 matrix packed (`pack_q4`, `pack_q6`): its columns a multiple of
     /// sixteen.
     pub fn packed(&self) -> Matrix {
-        let mut qs = vec![0; self.qs.len()];
-        let mut scale = vec![0.0; self.scale.len()];
+        let (mut qs, mut scale) = (vec![0; self.qs.len()], vec![0.0; self.scale.len()]);
+        if let Weights::Q6(_) = self.view() {
+            let (q, d) = q6_packed_lengths(self.n, self.k);
+            (qs, scale) = (vec![0; q], vec![0.0; d]);
+        }
         let offset = match self.view() {
             Weights::Q4(w) => {
                 let mut offset = vec![0.0; self.scale.len()];
@@ -179,7 +215,7 @@ impl Matrix {
     /// Whether a block updates its lane twice in the int8 combine (an offset term, or Q6's two
     /// halves).
     pub fn two_updates(&self) -> bool {
-        self.offset.is_some() || matches!(self.kind, Kind::Q6 | Kind::Q6Narrow)
+        self.offset.is_some() || matches!(self.kind, Kind::Q6 | Kind::Q6Narrow | Kind::Q6K)
     }
 
     /// Weight `i` of column `c` as `(scale, quant, offset)`: weight = scale * quant + offset.
@@ -198,7 +234,7 @@ impl Matrix {
         };
         let o = self.offset.as_ref().map_or(0.0, |o| f64::from(o[at]));
         let s = match self.kind {
-            Kind::Q6 | Kind::Q6Narrow => self.scale[(c * self.k + i) / Q6_GROUP],
+            Kind::Q6 | Kind::Q6Narrow | Kind::Q6K => self.scale[(c * self.k + i) / Q6_GROUP],
             _ => self.scale[at],
         };
         (f64::from(s), q, o)
