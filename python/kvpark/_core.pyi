@@ -20,6 +20,7 @@ __all__ = [
     "_blockmm_q8_i8",
     "_cpu_features",
     "_cpu_pack_q4",
+    "_cpu_pack_q5",
     "_cpu_pack_q6",
     "_cpu_set_threads",
     "_decode_attention",
@@ -503,6 +504,22 @@ def _cpu_pack_q4(
     arrays at `out_*` (the same sizes) in the layout of kvpark_cpu_ops::packed, which the
     decoder's side-by-side kernels read without transposing. `n` a multiple of 16. Private: see
     kvpark.model.gguf_blocks.
+    """
+
+def _cpu_pack_q5(
+    qs: int,
+    scale: int,
+    offset: int,
+    n: int,
+    k: int,
+    out_qs: int,
+    out_scale: int,
+    out_offset: int,
+) -> None:
+    """Packs a Q5_K matrix as the loader holds it (q8 blocks: qs [n, k] i8 in 0..32, scale and
+    offset [n, k/32] f32, row layout) compact into the arrays at `out_*`
+    (`kvpark_cpu_ops::q5_packed_lengths`: the quants and int8 values, the `d` and the `dmin`);
+    a ValueError where it is not a Q5_K's. Private: see kvpark.model.gguf_blocks.
     """
 
 def _cpu_pack_q6(qs: int, scale: int, n: int, k: int, out_qs: int, out_scale: int) -> None:

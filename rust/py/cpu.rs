@@ -222,6 +222,7 @@ unsafe fn q8_operands<'a>(
         n,
         k,
         low: None, // one call: not worth a pass over its quants
+        packed: false,
     };
     let x = std::slice::from_raw_parts(x as *const f32, rows * k);
     (
@@ -395,6 +396,52 @@ pub(super) fn _cpu_pack_q6(
         )
     };
     py.detach(|| kvpark_cpu_ops::pack_q6(w, out_qs, out_scale))
+        .map_err(cpu_ops_err)
+}
+
+/// Packs a Q5_K matrix as the loader holds it (q8 blocks: qs [n, k] i8 in 0..32, scale and
+/// offset [n, k/32] f32, row layout) compact into the arrays at `out_*`
+/// (`kvpark_cpu_ops::q5_packed_lengths`: the quants and int8 values, the `d` and the `dmin`);
+/// a ValueError where it is not a Q5_K's. Private: see kvpark.model.gguf_blocks.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _cpu_pack_q5(
+    py: Python<'_>,
+    qs: usize,
+    scale: usize,
+    offset: usize,
+    n: usize,
+    k: usize,
+    out_qs: usize,
+    out_scale: usize,
+    out_offset: usize,
+) -> PyResult<()> {
+    if k % kvpark_cpu_ops::BLOCK != 0 || qs == 0 || out_qs == 0 || offset == 0 {
+        return Err(PyValueError::new_err(format!(
+            "cannot pack a [{n}, {k}] matrix"
+        )));
+    }
+    let blocks = n * k / kvpark_cpu_ops::BLOCK;
+    let (packed_qs, values) = kvpark_cpu_ops::q5_packed_lengths(n, k);
+    // SAFETY: as for _cpu_pack_q4.
+    let (w, out) = unsafe {
+        let w = kvpark_cpu_ops::Q8Weights {
+            qs: std::slice::from_raw_parts(qs as *const i8, n * k),
+            scale: std::slice::from_raw_parts(scale as *const f32, blocks),
+            offset: Some(std::slice::from_raw_parts(offset as *const f32, blocks)),
+            n,
+            k,
+            low: None,
+            packed: false,
+        };
+        let out = (
+            std::slice::from_raw_parts_mut(out_qs as *mut i8, packed_qs),
+            std::slice::from_raw_parts_mut(out_scale as *mut f32, values),
+            std::slice::from_raw_parts_mut(out_offset as *mut f32, values),
+        );
+        (w, out)
+    };
+    py.detach(|| kvpark_cpu_ops::pack_q5(w, out.0, out.1, out.2))
         .map_err(cpu_ops_err)
 }
 

@@ -14,7 +14,8 @@ use kvpark_cpu_ops::{
 /// i8, scale [n, k/32] f32, offset 0 for none or [n, k/32] f32), '6' (Q6_K unpacked: qs [n, k]
 /// i8, scale [n, k/16] f32, offset 0) or 'i' (IQ4: qs [n, k/2] u8 nibbles into the IQ4 table,
 /// scale [n, k/32] f32, offset 0) in blocks, 'p' and 'P' ('4' and '6' packed at load:
-/// kvpark_cpu_ops::packed); or dense,
+/// kvpark_cpu_ops::packed, '6' compact), 'Q' (Q5_K's '8' with offsets packed compact:
+/// kvpark_cpu_ops::packed_q5, `scale` and `offset` its `d` and `dmin`); or dense,
 /// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
 /// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
 #[derive(FromPyObject, Clone, Copy)]
@@ -182,6 +183,18 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             low: m.low,
             packed: m.kind == 'P',
         }),
+        'Q' => {
+            let (qs, values) = kvpark_cpu_ops::q5_packed_lengths(m.n, m.k);
+            Weights::Q8(Q8Weights {
+                qs: slice(m.qs, qs),
+                scale: slice(m.scale, values),
+                offset: maybe(m.offset, values),
+                n: m.n,
+                k: m.k,
+                low: Some(0), // pack_q5 takes quants in 0..32 only
+                packed: true,
+            })
+        }
         _ => Weights::Q8(Q8Weights {
             qs: slice(m.qs, m.n * m.k),
             scale: slice(m.scale, blocks),
@@ -189,6 +202,7 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             n: m.n,
             k: m.k,
             low: m.low,
+            packed: false,
         }),
     }
 }
@@ -203,6 +217,7 @@ pub(super) fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResu
             '4' => m.offset != 0,
             'p' => m.offset != 0 && n % kvpark_cpu_ops::PACK == 0,
             'P' => m.offset == 0 && n % kvpark_cpu_ops::PACK == 0,
+            'Q' => m.offset != 0 && n % kvpark_cpu_ops::PACK == 0,
             '6' | 'i' => m.offset == 0,
             _ => m.kind == '8',
         };

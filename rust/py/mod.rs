@@ -19,7 +19,8 @@ use pyo3::prelude::*;
 
 use cpu::{
     _blockmm_q4, _blockmm_q4_i8, _blockmm_q6, _blockmm_q6_i8, _blockmm_q8, _blockmm_q8_i8,
-    _cpu_features, _cpu_pack_q4, _cpu_pack_q6, _cpu_set_threads, _decode_attention, _rms_norm,
+    _cpu_features, _cpu_pack_q4, _cpu_pack_q5, _cpu_pack_q6, _cpu_set_threads, _decode_attention,
+    _rms_norm,
 };
 use decoder::PyCpuDecoder;
 use errors::PoolFullError;
@@ -46,6 +47,7 @@ fn kvpark_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_pack_q4, m)?)?;
+    m.add_function(wrap_pyfunction!(_cpu_pack_q5, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_pack_q6, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_set_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_features, m)?)?;

@@ -36,10 +36,10 @@ KINDS = {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
 
 
 def kind_of(m: object) -> str | None:
-    """A matrix's block kind as the file gave it: "q4p" / "q6p" (packed by the runner where
-    the CPU has AVX2 or AVX-512 VNNI, runner/packed_blocks.py) as "q4" / "q6"."""
+    """A matrix's block kind as the file gave it: "q4p" / "q6p" / "q5p" (packed by the runner
+    where the CPU has AVX2 or AVX-512 VNNI, runner/packed_blocks.py) as "q4" / "q6" / "q8"."""
     kind = getattr(m, "kind", None)
-    return kind[:2] if kind in ("q4p", "q6p") else kind
+    return {"q4p": "q4", "q6p": "q6", "q5p": "q8"}.get(kind, kind) if kind else kind
 
 
 # the default model's Q4_K_M as llama-quantize writes it: rows of 576 take Q5_0 (no K-quant
@@ -103,6 +103,29 @@ def test_a_q4_k_m_files_packed_matrices_give_the_unpacked_ones_bits(
         kinds = {m.kind for m in r.weights.layers[0].matrices.values()}  # type: ignore[union-attr]
         assert kinds == ({"q4p", "q6p"} if pack else {"q4", "q6"})
         assert r.weights.head.kind == ("q6p" if pack else "q6")  # type: ignore[union-attr]
+        out[pack] = greedy(r)
+    assert out[True][0] == out[False][0]
+    assert out[True][1].tobytes() == out[False][1].tobytes()
+
+
+@pytest.mark.parametrize("block_dot", ["int8", "float32"])
+def test_q5_k_and_a_tied_q6_k_embedding_packed_give_the_unpacked_bits(
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, block_dot: str
+) -> None:
+    """Q5_K attention (q8 blocks packed compact, "q5p"), Q6_K gate/up and a tied Q6_K embedding
+    (its rows looked up in the packed blocks) packed or not: the same tokens and logits."""
+    path = tmp_path / "q6_k.gguf"
+    write_tiny(path, "llama", **Q6_K_TIED)  # type: ignore[arg-type]
+    out = {}
+    for pack in (True, False):
+        kinds = frozenset({"q4", "q6", "q8"} if pack else ())
+        monkeypatch.setattr(lean_runner, "packed_kinds", lambda kinds=kinds: kinds)
+        r = runner(path, tokenizer, block_dot=block_dot)
+        layer = r.weights.layers[0].matrices
+        assert layer["gate_up_w"].kind == ("q6p" if pack else "q6")  # type: ignore[union-attr]
+        assert r.weights.embed.kind == ("q6p" if pack else "q6")  # type: ignore[union-attr]
+        fused = layer["qkv_w"]  # Q5_K's Q, K and V
+        assert fused.kind == ("q5p" if pack else "q8")  # type: ignore[union-attr]
         out[pack] = greedy(r)
     assert out[True][0] == out[False][0]
     assert out[True][1].tobytes() == out[False][1].tobytes()

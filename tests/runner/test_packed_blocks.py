@@ -18,7 +18,8 @@ import pytest
 import kvpark._core as _core
 import kvpark.runner.lean_runner as lean_runner
 from kvpark.config.layers import EngineConfig, ModelConfig, PoolConfig
-from kvpark.model.gguf_blocks import PACK, Blocks, pack_position
+from kvpark.model.block_packing import PACK, pack_position
+from kvpark.model.gguf_blocks import Blocks
 from kvpark.runner.packed_blocks import packed, packed_kinds
 from kvpark.sched.plan import StepItem, StepPlan
 
@@ -44,14 +45,32 @@ def q6(rows: int, blocks: int, seed: int) -> Blocks:
     return Blocks("q6", qs, np.ascontiguousarray(scale), None)
 
 
-@pytest.mark.parametrize("kind", ["q4", "q6"])
+def q5k(rows: int, blocks: int, seed: int) -> Blocks:
+    """A "q8" matrix as the loader makes one from Q5_K: quants 0..32, each row's scales per 256
+    weights an f16 ``d`` times 6-bit ints, its offsets ``-(dmin * m)`` likewise."""
+    rng = np.random.default_rng(seed)
+    qs = rng.integers(0, 32, (rows, blocks * 32), dtype=np.int8)
+    supers = -(-blocks // 8)
+    d, dmin = (np.abs(rng.standard_normal((2, rows, supers, 1))) / 64).astype(np.float16)
+    sc, m = rng.integers(0, 64, (2, rows, supers, 8)).astype(np.float32)
+    scale = (d.astype(np.float32) * sc).reshape(rows, -1)[:, :blocks]  # exact products
+    offset = -(dmin.astype(np.float32) * m).reshape(rows, -1)[:, :blocks]
+    return Blocks("q8", qs, np.ascontiguousarray(scale), np.ascontiguousarray(offset))
+
+
+# each kind's maker, its packed kind and bytes a row's block and run of 8 blocks take packed
+MAKERS = {"q4": (q4, "q4p", 24, 0), "q6": (q6, "q6p", 26, 4), "q8": (q5k, "q5p", 22, 8)}
+
+
+@pytest.mark.parametrize("kind", ["q4", "q6", "q8"])
 @pytest.mark.parametrize("blocks", [1, 8, 13, 64])
 def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> None:
-    m = (q4 if kind == "q4" else q6)(48, blocks, blocks)
+    make, packed_kind, block_bytes, run_bytes = MAKERS[kind]
+    m = make(48, blocks, blocks)
     p = m.packed()
-    assert p.kind == kind + "p" and p.shape == m.shape
-    # q6 compact: 26 bytes a block and 4 a row's 8 blocks, against 32 + 8 in the row layout
-    assert p.nbytes == (m.nbytes if kind == "q4" else 48 * (26 * blocks + 4 * -(-blocks // 8)))
+    assert p.kind == packed_kind and p.shape == m.shape
+    # q4 as it was; q6 and q5 compact (the row layout: 40 bytes a block)
+    assert p.nbytes == 48 * (block_bytes * blocks + run_bytes * -(-blocks // 8))
     if blocks > 1:  # another order: not the same bytes in place
         assert not np.array_equal(p.qs, m.qs)
     back = p.unpacked()
@@ -70,8 +89,8 @@ def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> No
         at = (blocks * 4 * PACK + 1) * 4
         assert np.array_equal(flat[at : at + 4], m.qs[17, :4])
     else:
-        at = blocks * 26 * PACK + 4
-        want = (m.qs[17, :4].astype(np.int16) + 32) & 15
+        at = blocks * block_bytes * PACK + 4
+        want = (m.qs[17, :4].astype(np.int16) + (32 if kind == "q6" else 0)) & 15
         assert np.array_equal(flat[at : at + 4] & 15, want)
 
 
@@ -82,6 +101,20 @@ def test_q6_that_no_k_quant_gave_stays_in_the_row_layout() -> None:
         odd.packed()
     assert packed(odd, frozenset({"q6"})) is odd
     assert packed(m, frozenset({"q6"})).kind == "q6p"
+
+
+def test_only_q5_ks_q8_blocks_pack() -> None:
+    m = q5k(16, 9, 5)
+    assert packed(m, frozenset({"q8"})).kind == "q5p"
+    q8_0 = Blocks("q8", m.qs, m.scale, None)  # Q8_0's, Q5_0's: no offsets
+    assert packed(q8_0, frozenset({"q8"})) is q8_0
+    # Q5_1's: an f16 scale and min per block, no d per 256 weights
+    rng = np.random.default_rng(2)
+    f16 = rng.standard_normal(m.scale.shape).astype(np.float16).astype(np.float32)
+    q5_1 = Blocks("q8", m.qs, f16, m.offset)
+    with pytest.raises(ValueError, match="int8"):
+        q5_1.packed()
+    assert packed(q5_1, frozenset({"q8"})) is q5_1
 
 
 def test_positions_go_lane_by_lane() -> None:
@@ -127,7 +160,7 @@ def test_what_cannot_be_packed_is_refused() -> None:
 
 def test_packing_follows_the_switch_and_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     isa = _core._cpu_features()[1]
-    want = {"q4", "q6"} if isa["isa"] != "plain" else set()
+    want = {"q4", "q6", "q8"} if isa["isa"] != "plain" else set()
     assert packed_kinds() == want
     monkeypatch.setenv("KVPARK_CPU_PACK", "off")
     assert packed_kinds() == frozenset()
@@ -141,9 +174,9 @@ def test_packing_follows_the_switch_and_the_cpu(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("KVPARK_CPU_WIDE", "off")
     assert packed_kinds() == (frozenset({"q4"}) if want else frozenset())
     monkeypatch.delenv("KVPARK_CPU_WIDE")
-    # the ISA cap is read once a process: AVX2 packs both, the portable kernel nothing
+    # the ISA cap is read once a process: AVX2 packs all three, the portable kernel nothing
     code = "from kvpark.runner.packed_blocks import packed_kinds; print(sorted(packed_kinds()))"
-    for cap, kinds in (("avx2", "['q4', 'q6']"), ("plain", "[]")):
+    for cap, kinds in (("avx2", "['q4', 'q6', 'q8']"), ("plain", "[]")):
         env = {**os.environ, "KVPARK_CPU_ISA": cap}
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert run.stdout.strip() == kinds, run.stderr
@@ -155,7 +188,7 @@ def test_the_default_models_logits_are_the_unpacked_ones_bits(
 ) -> None:
     logits = {}
     for pack in (True, False):
-        kinds = frozenset({"q4", "q6"} if pack else ())
+        kinds = frozenset({"q4", "q6", "q8"} if pack else ())
         monkeypatch.setattr(lean_runner, "packed_kinds", lambda kinds=kinds: kinds)
         model = ModelConfig(threads=2, block_dot=block_dot)
         r = lean_runner.LeanCpuRunner.load(

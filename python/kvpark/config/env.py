@@ -106,9 +106,9 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "KVPARK_CPU_PACK",
             "on",
-            "off: keep the lean runner's q4 and q6 matrices in the loader's row layout instead "
-            "of packing them as they are read for the side-by-side kernels (same bits; q6 then "
-            "takes 10 bits a weight, not 6.5; for measuring).",
+            "off: keep the lean runner's q4, q6 and Q5_K matrices in the loader's row layout "
+            "instead of packing them as they are read for the side-by-side kernels (same bits; "
+            "q6 and Q5_K then take 10 bits a weight, not 6.5 or 5.5; for measuring).",
         ),
         Knob(
             "KVPARK_CPU_ISA",

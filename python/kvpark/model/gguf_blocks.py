@@ -14,19 +14,20 @@ for the torch model, without a copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-import kvpark._core as _core
+from kvpark.model.block_packing import (
+    PACK,
+    ROW_BYTES,
+    packed_arrays,
+    unpacked_arrays,
+)
 
 BLOCK = 32
-PACK = 16  # rows per group of a "q4p" matrix (kvpark_cpu_ops::PACK)
 Q6_GROUP = 16  # weights per scale of kind "q6"
-Q6P_ROW_BYTES = 26  # a "q6p" row's block: 32 six-bit quants and two int8 scales
-Q6P_BLOCK_BYTES = Q6P_ROW_BYTES * PACK  # a "q6p" group's block
-Q6P_SUPER = 8  # blocks of a "q6p" row that share one d
 # the values an "iq4" nibble indexes (llama.cpp's kvalues_iq4nl, as the GGUF format defines them)
 IQ4_TABLE = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8
@@ -35,6 +36,11 @@ IQ4_TABLE = np.array(
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+
+
+# each packed kind and the kind it packs
+PACKED = {"q4p": "q4", "q6p": "q6", "q5p": "q8"}
+UNPACKED = {v: k for k, v in PACKED.items()}
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,11 @@ class Blocks:
     same arrays' shapes and values in another order.
     ``kind`` "q6p": a "q6" matrix packed so, compact as its K-quant file held it: ``qs`` [out,
     in * 13 / 16] uint8 (six bits a quant and an int8 scale per 16 weights, a block's 26 bytes
-    a row), ``scale`` [out, ceil(in / 256)] float32 (one ``d`` per row and 256 weights, each group's
-    as [run of 256, row]: each scale is ``d * sc``, exact), no offset.
+    a row), ``scale`` [out, ceil(in / 256)] float32 (one ``d`` per row and 256 weights, each
+    group's as [run of 256, row]: each scale is ``d * sc``, exact), no offset.
+    ``kind`` "q5p": a Q5_K's "q8" matrix (quants 0..32, offsets) packed so: ``qs`` [out, in *
+    11 / 16] uint8 (five bits a quant, an int8 scale and offset per block: 22 bytes a row),
+    ``scale`` and ``offset`` its ``d`` and ``dmin`` as "q6p"'s ``d``. (model/block_packing.py)
     Rows of ``PACK`` stay together in both, so ``cat`` holds as it is; ``rows`` and
     ``dequantize`` read them ``unpacked``.
     """
@@ -66,8 +75,8 @@ class Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
-        if self.kind == "q6p":
-            return self.qs.shape[0], self.qs.shape[1] * BLOCK // Q6P_ROW_BYTES
+        if self.kind in ROW_BYTES:  # compact: the quants' bytes say the shape
+            return self.qs.shape[0], self.qs.shape[1] * BLOCK // ROW_BYTES[self.kind]
         return self.scale.shape[0], self.scale.shape[1] * scale_group(self.kind)
 
     @property
@@ -77,7 +86,7 @@ class Blocks:
 
     def rows(self, index: npt.NDArray[np.int64]) -> Blocks:
         """The matrix with its rows reordered (or selected) by ``index``."""
-        if self.kind in ("q4p", "q6p"):
+        if self.kind in PACKED:
             return self.unpacked().rows(index)
         offset = None if self.offset is None else self.offset[index]
         return Blocks(self.kind, self.qs[index], self.scale[index], offset)
@@ -93,7 +102,7 @@ class Blocks:
         """The float32 matrix: ``BlockWeight.dequantize``'s arithmetic, bit for bit."""
         if self.kind == "iq4":
             return self.as_q8().dequantize()
-        if self.kind in ("q4p", "q6p"):
+        if self.kind in PACKED:
             return self.unpacked().dequantize()
         out, inp = self.shape
         scale = self.scale.reshape(-1, 1)
@@ -107,71 +116,25 @@ class Blocks:
         return (scale * q + self.offset.reshape(-1, 1)).reshape(out, inp)
 
     def packed(self) -> Blocks:
-        """A "q4" or "q6" matrix of a multiple of ``PACK`` rows as "q4p" or "q6p", in fresh
-        arrays."""
+        """A "q4", "q6" or "q8" (Q5_K's) matrix of a multiple of ``PACK`` rows as "q4p", "q6p"
+        or "q5p", in fresh arrays; ValueError for another kind, or a q6 or q8 one no K-quant
+        gave (model/block_packing.py)."""
         out, inp = self.shape
-        if self.kind not in ("q4", "q6") or out % PACK:
+        if self.kind not in UNPACKED or out % PACK:
             raise ValueError(
-                f"packs q4 and q6 matrices of a multiple of {PACK} rows, not {self.kind} "
+                f"packs q4, q6 and q8 matrices of a multiple of {PACK} rows, not {self.kind} "
                 f"{self.shape}"
             )
-        arrays = (
-            (self.qs, self.scale) if self.offset is None else (self.qs, self.scale, self.offset)
-        )
-        src = [np.ascontiguousarray(a) for a in arrays]
-        if self.kind == "q4":
-            dst = [np.empty_like(a) for a in src]
-        else:
-            blocks = inp // BLOCK
-            dst = [
-                np.empty((out, blocks * Q6P_ROW_BYTES), np.uint8),
-                np.empty((out, -(-blocks // Q6P_SUPER)), np.float32),
-            ]
-        a, b = [int(a.ctypes.data) for a in src], [int(a.ctypes.data) for a in dst]
-        if self.kind == "q4":
-            _core._cpu_pack_q4(a[0], a[1], a[2], out, inp, b[0], b[1], b[2])
-            return Blocks("q4p", dst[0], dst[1], dst[2])
-        _core._cpu_pack_q6(a[0], a[1], out, inp, b[0], b[1])
-        return Blocks("q6p", dst[0], dst[1], None)
+        qs, scale, offset = packed_arrays(self.kind, (self.qs, self.scale, self.offset), out, inp)
+        return Blocks(UNPACKED[self.kind], qs, scale, offset)
 
     def unpacked(self) -> Blocks:
-        """A "q4p" or "q6p" matrix as the "q4" or "q6" one it packs: each group of ``PACK``
-        rows' blocks from [position, quad of 4 bytes, row, byte] back to [row, block, byte]
-        (the values from [position, value, row] to [row, block, value]), block ``b`` at
-        ``pack_position(blocks, b)``; q6's six bits and int8 scales widened again."""
-        assert self.kind in ("q4p", "q6p")
+        """A "q4p", "q6p" or "q5p" matrix as the "q4", "q6" or "q8" one it packs, bit for
+        bit."""
+        assert self.kind in PACKED
         out, inp = self.shape
-        groups, blocks = out // PACK, inp // BLOCK
-        at = pack_position(blocks)
-        if self.kind == "q6p":
-            return self._q6_unpacked(groups, blocks, at)
-        qs = self.qs.reshape(groups, blocks, 4, PACK, 4)[:, at].transpose(0, 3, 1, 2, 4)
-        assert self.offset is not None
-        scale, offset = (
-            np.ascontiguousarray(v.reshape(groups, blocks, PACK)[:, at].transpose(0, 2, 1)).reshape(
-                out, blocks
-            )
-            for v in (self.scale, self.offset)
-        )
-        rows = cast("npt.NDArray[np.uint8]", np.ascontiguousarray(qs))
-        return Blocks("q4", rows.reshape(out, -1), scale, offset)
-
-    def _q6_unpacked(self, groups: int, blocks: int, at: npt.NDArray[np.intp]) -> Blocks:
-        """``unpacked`` for "q6p" (the Rust crate's ``packed`` module documents the bytes)."""
-        out = groups * PACK
-        b = self.qs.reshape(groups, blocks, Q6P_BLOCK_BYTES)[:, at]  # [group, block, byte]
-        low = b[..., :256].reshape(groups, blocks, 4, PACK, 4)  # [.., j, row, e]
-        top = b[..., 256:384].reshape(groups, blocks, 2, PACK, 4)
-        quads = np.arange(8)
-        nib = (low[:, :, quads % 4] >> (4 * (quads // 4)).astype(np.uint8)[:, None, None]) & 15
-        high = (top[:, :, quads % 2] >> (2 * (quads // 2)).astype(np.uint8)[:, None, None]) & 3
-        u = (nib | (high << 4)).view(np.int8) - np.int8(32)  # [group, block, t, row, e]
-        qs = np.ascontiguousarray(u.transpose(0, 3, 1, 2, 4)).reshape(out, blocks * BLOCK)
-        sc = b[..., 384:416].view(np.int8).reshape(groups, blocks, 2, PACK)
-        d = self.scale.reshape(groups, -1, PACK).transpose(0, 2, 1)  # [group, row, super]
-        d = np.repeat(d, Q6P_SUPER, axis=2)[:, :, :blocks]  # [group, row, block]
-        scale = d[..., None] * sc.transpose(0, 3, 1, 2).astype(np.float32)  # exact products
-        return Blocks("q6", qs, np.ascontiguousarray(scale).reshape(out, 2 * blocks), None)
+        arrays = unpacked_arrays(self.kind, (self.qs, self.scale, self.offset), out, inp)
+        return Blocks(PACKED[self.kind], *arrays)
 
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
@@ -192,15 +155,6 @@ class Blocks:
             np.concatenate([p.scale for p in parts]),
             offset,
         )
-
-
-def pack_position(blocks: int) -> npt.NDArray[np.intp]:
-    """Where each of a row's ``blocks`` blocks lies in a "q4p" group: lane by lane of the int8
-    combine (blocks l, l + 8, l + 16, ... for lane l = 0..8), the order the kernels walk."""
-    order = np.concatenate([np.arange(lane, blocks, 8) for lane in range(8)])
-    at = np.empty(blocks, np.intp)
-    at[order] = np.arange(blocks)
-    return at
 
 
 def scale_group(kind: str) -> int:

@@ -40,6 +40,7 @@ _BLOCKS: dict[str, tuple[type[np.generic], str]] = {
     "q8": (np.int8, "8"),
     "q6": (np.int8, "6"),
     "q6p": (np.uint8, "P"),  # compact: six bits a quant, int8 scales
+    "q5p": (np.uint8, "Q"),  # Q5_K's q8 compact: five bits a quant, int8 scales and offsets
     "iq4": (np.uint8, "i"),
 }
 

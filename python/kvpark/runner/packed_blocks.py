@@ -1,19 +1,21 @@
-"""The lean runner's q4 and q6 matrices packed once, when it builds its decoder, into the layout
-its side-by-side kernel reads without transposing (``Blocks`` kinds "q4p" and "q6p"; the Rust
-crate's ``packed`` module defines the layout).
+"""The lean runner's q4, q6 and Q5_K matrices packed as each is read, into the layout its
+side-by-side kernels read without transposing (``Blocks`` kinds "q4p", "q6p" and "q5p";
+model/block_packing.py, and the Rust crate's ``packed`` and ``packed_q5`` modules, define it).
 
 Why: at several rows (chats decoding together) the side-by-side kernels multiply sixteen
 (AVX-512 VNNI) or eight (AVX2) columns at once from vectors holding four weights of each
 column, and from the file's row layout every product transposed each group's blocks first,
-every step. Packed, the same bytes and values lie in that order already, the kernels read them
-in place, and one row takes them too (on a Llama-1B-shaped Q4_K_M, AVX-512: eight chats +26 %,
-one +11 %; AVX2: eight chats +13-17 %, one +3 % for q4 alone). A kernel that cannot read a packed
-matrix gets it unpacked a group at a time (same bits, slower), so only the kinds this CPU's
-kernels read are packed (``packed_kinds``). A matrix whose rows (its output columns) are not a
-multiple of 16 stays as it is. A q6 matrix packs compact, six bits a quant and an int8 scale per
-16 weights as its Q6_K or Q3_K file held them (the row layout takes 10 bits a weight: peak memory
-and a memory-bound single stream pay for each); one whose values no K-quant gave stays as it is.
-``KVPARK_CPU_PACK=off`` keeps every matrix in the file's layout (same bits: for measuring).
+every step. Packed, the blocks lie in that order already, the kernels read them in place, and
+one row takes them too (on a Llama-1B-shaped Q4_K_M, AVX-512: eight chats +26 %, one +11 %;
+AVX2: eight chats +13-17 %, one +3 % for q4 alone). q6 (Q6_K, Q3_K) and Q5_K's q8 blocks pack
+compact, six or five bits a quant with int8 scales (and offsets) as their files held them,
+where the loader's row layout takes a byte a quant and f32 values (10 bits a weight against
+the file's 6.5 or 5.5: peak memory and a memory-bound single stream pay for each); a q6 or q8
+matrix whose values no K-quant gave (Q8_0's, Q5_0's, Q5_1's) stays as it is. A kernel that
+cannot read a packed matrix gets it unpacked a group at a time (same bits, slower), so only
+the kinds this CPU's kernels read are packed (``packed_kinds``). A matrix whose rows (its output
+columns) are not a multiple of 16 stays as it is. ``KVPARK_CPU_PACK=off`` keeps every matrix in
+the loader's layout (same bits: for measuring).
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import os
 
 import kvpark._core as _core
 from kvpark.config.env import parse_bool, raw
-from kvpark.model.gguf_blocks import PACK, Blocks
+from kvpark.model.block_packing import PACK
+from kvpark.model.gguf_blocks import Blocks
 from kvpark.model.weight_arrays import Matrix, NumpyWeights, Stacked
 
 
 def packed_kinds() -> frozenset[str]:
-    """The block kinds the lean runner packs on this CPU (under ``KVPARK_CPU_ISA``): "q4" and
-    "q6" wherever an int8 kernel reads them in place (AVX-512 VNNI: ``wide_packed.rs``; AVX2:
-    ``side_by_side_packed.rs`` and ``wide_avx2_packed.rs``), none on the portable kernel; none
-    with ``KVPARK_CPU_PACK=off`` or ``KVPARK_CPU_SIDE_BY_SIDE=off``, "q4" alone with
-    ``KVPARK_CPU_WIDE=off`` (the kernels that read q6 turned off)."""
+    """The block kinds the lean runner packs on this CPU (under ``KVPARK_CPU_ISA``): "q4",
+    "q6" and "q8" (Q5_K's) wherever an int8 kernel reads them in place (AVX-512 VNNI:
+    ``wide_packed.rs``; AVX2: ``side_by_side_packed.rs`` and ``wide_avx2_packed.rs``), none on
+    the portable kernel; none with ``KVPARK_CPU_PACK=off`` or ``KVPARK_CPU_SIDE_BY_SIDE=off``,
+    "q4" alone with ``KVPARK_CPU_WIDE=off`` (the kernels that read the others turned off)."""
     if not parse_bool(raw("KVPARK_CPU_PACK")) or os.environ.get("KVPARK_CPU_SIDE_BY_SIDE") == "off":
         return frozenset()
     isa = _core._cpu_features()[1]
@@ -39,7 +42,7 @@ def packed_kinds() -> frozenset[str]:
         return frozenset()
     if os.environ.get("KVPARK_CPU_WIDE") == "off":
         return frozenset({"q4"})
-    return frozenset({"q4", "q6"})
+    return frozenset({"q4", "q6", "q8"})
 
 
 def pack_weights(w: NumpyWeights, kinds: frozenset[str]) -> None:
@@ -67,13 +70,13 @@ def packed(m: Matrix, kinds: frozenset[str]) -> Matrix:
 def packed_blocks(m: Blocks, kinds: frozenset[str]) -> Blocks:
     """One block matrix ``m`` packed where it is of one of ``kinds`` and a multiple of ``PACK``
     rows, else ``m``."""
-    if m.kind not in kinds or m.shape[0] % PACK:
-        return m
+    if m.kind not in kinds or m.shape[0] % PACK or (m.kind == "q8" and m.offset is None):
+        return m  # q8 without offsets: Q8_0's, Q5_0's (only Q5_K's pack)
     try:
         return m.packed()
     except ValueError:
-        # a q6 matrix no K-quant gave (quants outside -32..32, scales not d times int8s)
-        # cannot be packed compact: it keeps the row layout, which every kernel reads
-        if m.kind != "q6":
+        # a q6 or q8 matrix no K-quant gave (Q5_1's f16 scales, say) cannot be packed
+        # compact: it keeps the row layout, which every kernel reads
+        if m.kind == "q4":
             raise
         return m

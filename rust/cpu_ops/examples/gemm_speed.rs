@@ -76,6 +76,7 @@ impl Matrix {
                 n,
                 k,
                 low: None,
+                packed: false,
             }),
             Kind::Q6 => Weights::Q6(Q6Weights {
                 qs: signed,

@@ -50,6 +50,7 @@ fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
             n,
             k,
             low: None,
+            packed: false,
         }),
         Kind::Q6 => Weights::Q6(Q6Weights {
             qs: signed,

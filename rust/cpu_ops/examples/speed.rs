@@ -58,6 +58,7 @@ fn main() {
                     n: hn,
                     k: hk,
                     low: None,
+                    packed: false,
                 };
                 let start = Instant::now();
                 matmul_q8(&x[..rows * hk], rows, head, &mut y).unwrap();

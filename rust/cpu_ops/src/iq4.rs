@@ -56,6 +56,7 @@ pub(crate) fn expanded_columns(
                 n: m,
                 k,
                 low: None, // the table's values span more than 32
+                packed: false,
             };
             kernel(Weights::Q8(q8), 0..m, &Output::new(&mut out[..rows * m]));
             for (r, values) in out[..rows * m].chunks_exact(m).enumerate() {

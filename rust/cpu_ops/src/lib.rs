@@ -48,6 +48,7 @@ pub mod isa;
 pub(crate) mod lane_tree;
 mod norm;
 pub mod packed;
+pub mod packed_q5;
 mod plain;
 mod product;
 mod shape;
@@ -61,6 +62,7 @@ pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8
 pub use iq4::IQ4_TABLE;
 pub use norm::rms_norm;
 pub use packed::{pack_q4, pack_q6, q6_packed_lengths, PACK};
+pub use packed_q5::{pack_q5, q5_packed_lengths};
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;

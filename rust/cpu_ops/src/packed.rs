@@ -45,7 +45,7 @@ use std::ops::Range;
 use crate::int8::LANES;
 use crate::shape::{check, ShapeError};
 use crate::threads::Output;
-use crate::weights::{Q4Weights, Q6Weights, Weights, BLOCK, Q6_GROUP};
+use crate::weights::{Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP};
 
 /// Columns per group of a packed matrix: the sixteen lanes of a 512-bit vector.
 pub const PACK: usize = 16;
@@ -74,9 +74,10 @@ pub(crate) fn q6_at(blocks: usize, c: usize, b: usize) -> usize {
     (c / PACK * blocks + position(blocks, b)) * Q6_BLOCK_BYTES
 }
 
-/// Where column `c`'s `d` for block `b` lies in a packed q6 matrix.
+/// Where column `c`'s value for block `b` lies in an array of one value a column and run of
+/// [`SUPER`] blocks (a packed q6 matrix's `d`, a packed q5 one's `d` and `dmin`).
 #[inline(always)]
-pub(crate) fn q6_d_at(blocks: usize, c: usize, b: usize) -> usize {
+pub(crate) fn super_at(blocks: usize, c: usize, b: usize) -> usize {
     (c / PACK * blocks.div_ceil(SUPER) + b / SUPER) * PACK + c % PACK
 }
 
@@ -130,7 +131,7 @@ pub(crate) fn q6_block(w: &Q6Weights<'_>, c: usize, b: usize) -> ([i8; BLOCK], [
             *q = (low | high << 4) as i8 - Q6_BIAS;
         }
     }
-    let d = w.scale[q6_d_at(blocks, c, b)];
+    let d = w.scale[super_at(blocks, c, b)];
     let scale = [0, 1].map(|h| d * f32::from(bytes(384 + 16 * h + i) as i8));
     (qs, scale)
 }
@@ -145,7 +146,7 @@ fn gather<T: Copy>(qs: &[T], at: usize, out: &mut [T]) {
 
 /// Refuses what cannot be packed: a packed matrix, rows that are not whole blocks, columns
 /// that are not whole groups, and arrays of other lengths than `lengths` (name, have, want).
-fn packable(
+pub(crate) fn packable(
     packed: bool,
     n: usize,
     k: usize,
@@ -248,7 +249,7 @@ pub fn pack_q6(w: Q6Weights<'_>, qs: &mut [i8], scale: &mut [f32]) -> Result<(),
                     "column {c}'s q6 scales {run:?} are not one f32 times int8s"
                 ))
             })?;
-            scale[q6_d_at(blocks, c, s * SUPER)] = d;
+            scale[super_at(blocks, c, s * SUPER)] = d;
             for (j, sc) in sc[..run.len()].iter().enumerate() {
                 let (b, h) = (s * SUPER + j / 2, j % 2);
                 qs[q6_at(blocks, c, b) + 384 + 16 * h + c % PACK] = *sc;
@@ -276,7 +277,7 @@ pub fn pack_q6(w: Q6Weights<'_>, qs: &mut [i8], scale: &mut [f32]) -> Result<(),
 /// An f32 `d` and int8s `sc` with `d * sc[j]` equal to `values[j]`, bit for bit, if there are:
 /// K-quant scales are `d * sc` with the largest `|sc|` 127 or 128 (their quantiser's) or less,
 /// so `d` is the value of largest magnitude over its own `sc`, tried from the largest.
-fn int8_scales(values: &[f32], sc: &mut [i8]) -> Option<f32> {
+pub(crate) fn int8_scales(values: &[f32], sc: &mut [i8]) -> Option<f32> {
     let fits = |d: f32, sc: &mut [i8]| {
         values.iter().zip(sc.iter_mut()).all(|(v, sc)| {
             let t = (v / d).round();
@@ -378,7 +379,34 @@ pub(crate) fn unpacked_columns(
                         packed: false,
                     })
                 }
-                _ => unreachable!("only q4 and q6 matrices are packed"),
+                Weights::Q8(w) => {
+                    qs.resize(m * k, 0);
+                    scale.resize(m * blocks, 0.0);
+                    offset.resize(m * blocks, 0.0);
+                    for i in 0..m {
+                        for b in 0..blocks {
+                            let (q, s, o) = crate::packed_q5::q5_block(&w, c + i, b);
+                            let at = i * blocks + b;
+                            for (to, q) in qs[at * BLOCK..(at + 1) * BLOCK].iter_mut().zip(q) {
+                                *to = q as u8;
+                            }
+                            (scale[at], offset[at]) = (s, o);
+                        }
+                    }
+                    // SAFETY: as for q6 above.
+                    let signed =
+                        unsafe { std::slice::from_raw_parts(qs.as_ptr().cast::<i8>(), m * k) };
+                    Weights::Q8(Q8Weights {
+                        qs: signed,
+                        scale: &scale[..m * blocks],
+                        offset: Some(&offset[..m * blocks]),
+                        n: m,
+                        k,
+                        low: Some(0), // every quant in 0..32
+                        packed: false,
+                    })
+                }
+                _ => unreachable!("only q4, q6 and q5 (q8 blocks) matrices are packed"),
             };
             kernel(part, 0..m, &Output::new(&mut out[..rows * m]));
             for (r, values) in out[..rows * m].chunks_exact(m).enumerate() {

@@ -38,6 +38,9 @@ pub struct Q8Weights<'a> {
     /// i16, where full-range ones need a `vpmaddwd` per pair (`int8/wide_avx2.rs`). Same bits
     /// either way; a wrong `m` gives wrong sums (no unsafety), so only [`narrow_low`] sets it.
     pub low: Option<i8>,
+    /// In [`crate::packed_q5`]'s compact layout (Q5_K's blocks: `scale` and `offset` then hold
+    /// the `d` and `dmin` per column and 256 weights, `qs` the five-bit quants and int8 scales).
+    pub packed: bool,
 }
 
 /// The `m` of [`Q8Weights::low`] (`span` 32) or [`Q6Weights::low`] (`span` 64) for these quants:
@@ -185,6 +188,7 @@ impl Weights<'_> {
         match self {
             Weights::Q4(w) => w.packed,
             Weights::Q6(w) => w.packed,
+            Weights::Q8(w) => w.packed,
             _ => false,
         }
     }
@@ -228,10 +232,19 @@ impl Weights<'_> {
             }
             Weights::Q8(w) => {
                 check_blocks(x, y, rows, n, k)?;
-                check("qs", w.qs.len(), n * k)?;
-                check("scale", w.scale.len(), n * k / BLOCK)?;
+                check_packed(w.packed, n)?;
+                let (qs, values) = if w.packed {
+                    crate::packed_q5::q5_packed_lengths(n, k)
+                } else {
+                    (n * k, n * k / BLOCK)
+                };
+                check("qs", w.qs.len(), qs)?;
+                check("scale", w.scale.len(), values)?;
+                if w.packed && w.offset.is_none() {
+                    return Err(ShapeError("a packed q5 matrix has offsets".into()));
+                }
                 w.offset
-                    .map_or(Ok(()), |o| check("offset", o.len(), n * k / BLOCK))
+                    .map_or(Ok(()), |o| check("offset", o.len(), values))
             }
             Weights::Q6(w) => {
                 check_blocks(x, y, rows, n, k)?;

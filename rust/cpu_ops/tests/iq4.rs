@@ -49,7 +49,7 @@ proptest! {
         let k = blocks * BLOCK;
         let (nibbles, scale, q) = iq4(n, k, seed);
         let w = Iq4Weights { qs: &nibbles, scale: &scale, n, k };
-        let q8 = Q8Weights { qs: &q, scale: &scale, offset: None, n, k, low: None };
+        let q8 = Q8Weights { qs: &q, scale: &scale, offset: None, n, k, low: None, packed: false };
         let mut seed2 = seed;
         let x = activations(rows, k, STYLES, &mut seed2);
         let mut scratch = I8Scratch::new();

@@ -1,12 +1,14 @@
-//! 4-bit and q6 matrices packed at load (`kvpark_cpu_ops::packed`): the layout is the documented one,
+//! 4-bit, q6 and q5 matrices packed at load (`kvpark_cpu_ops::packed`, `packed_q5`): the layout is
+//! the documented one,
 //! and every product (each int8 kernel this CPU runs, for one row and many, on one thread and
 //! several; the f32 path, SIMD and portable) gives the row layout's bits from it.
 
 mod support;
 
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, pack_q4, pack_q6, q6_packed_lengths,
-    set_threads, I8Kernel, I8Scratch, Q4Weights, Q6Weights, Weights, BLOCK, PACK,
+    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, matmul_q8, pack_q4, pack_q5, pack_q6,
+    q5_packed_lengths, q6_packed_lengths, set_threads, I8Kernel, I8Scratch, Q4Weights, Q6Weights,
+    Q8Weights, Weights, BLOCK, PACK,
 };
 use proptest::prelude::*;
 use support::{activations, matrix, same, Kind, STYLES};
@@ -102,7 +104,7 @@ proptest! {
     ) {
         let (n, k) = (groups * PACK, blocks * BLOCK);
         let mut s = seed;
-        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6K, Kind::Q6K][kind];
+        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6K, Kind::Q5K][kind];
         let m = matrix(kind, n, k, &mut s);
         let p = m.packed();
         let x = activations(rows, k, STYLES, &mut s);
@@ -121,6 +123,7 @@ proptest! {
                 (Weights::Q4(w), true) => matmul_q4(&finite, rows, w, &mut y).unwrap(),
                 (Weights::Q4(w), false) => matmul_q4_plain(&finite, rows, w, &mut y).unwrap(),
                 (Weights::Q6(w), _) => matmul_q6(&finite, rows, w, &mut y).unwrap(),
+                (Weights::Q8(w), _) => matmul_q8(&finite, rows, w, &mut y).unwrap(),
                 _ => unreachable!(),
             }
             y
@@ -207,4 +210,82 @@ fn q6_packing_refuses_what_it_cannot_hold() {
     let mut scale = m.scale.clone();
     scale[..4].copy_from_slice(&[1.0, 0.1, 0.3, 1e-3]);
     assert!(pack(&m.qs, &scale).unwrap_err().0.contains("int8"));
+}
+
+#[test]
+fn the_q5_layout_is_the_documented_one() {
+    let (n, blocks) = (32, 11); // two runs of eight blocks, the second short
+    let m = matrix(Kind::Q5K, n, blocks * BLOCK, &mut 12);
+    let p = m.packed();
+    let (qs_len, d_len) = q5_packed_lengths(n, blocks * BLOCK);
+    assert_eq!((p.qs.len(), p.scale.len()), (qs_len, d_len));
+    assert_eq!((qs_len, d_len), (n * blocks * 22, n * 2));
+    let offset = (m.offset.as_ref().unwrap(), p.offset.as_ref().unwrap());
+    // 11 blocks: lanes 0-2 hold two each (b, b + 8), lanes 3-7 one
+    let position = |b: usize| {
+        if b < 8 {
+            2 * b.min(3) + b.saturating_sub(3)
+        } else {
+            2 * (b - 8) + 1
+        }
+    };
+    for c in 0..n {
+        let (g, i) = (c / PACK, c % PACK);
+        for b in 0..blocks {
+            let at = (g * blocks + position(b)) * 22 * PACK;
+            for w in 0..BLOCK {
+                let (t, e) = (w / 4, w % 4);
+                let q = m.qs[(c * blocks + b) * BLOCK + w];
+                let low = p.qs[at + 64 * (t % 4) + 4 * i + e] >> (4 * (t / 4)) & 0x0f;
+                let high = p.qs[at + 256 + 4 * i + e] >> t & 1;
+                assert_eq!(low | high << 4, q, "column {c} block {b} weight {w}");
+            }
+            let v = (g * 2 + b / 8) * PACK + i;
+            let sc = f32::from(p.qs[at + 320 + i] as i8);
+            let min = f32::from(p.qs[at + 336 + i] as i8);
+            assert_eq!(
+                (p.scale[v] * sc).to_bits(),
+                m.scale[c * blocks + b].to_bits()
+            );
+            assert_eq!(
+                (offset.1[v] * min).to_bits(),
+                offset.0[c * blocks + b].to_bits()
+            );
+        }
+    }
+}
+
+#[test]
+fn q5_packing_refuses_what_it_cannot_hold() {
+    let m = matrix(Kind::Q5K, 16, 64, &mut 4);
+    let (q, d) = q5_packed_lengths(16, 64);
+    let pack = |qs: &[u8], scale: &[f32], offset: Option<&[f32]>| {
+        let w = Q8Weights {
+            // SAFETY: u8 and i8 have the same size and alignment, every bit pattern valid.
+            qs: unsafe { std::slice::from_raw_parts(qs.as_ptr().cast(), qs.len()) },
+            scale,
+            offset,
+            n: 16,
+            k: 64,
+            low: None,
+            packed: false,
+        };
+        pack_q5(w, &mut vec![0; q], &mut vec![0.0; d], &mut vec![0.0; d])
+    };
+    let offset = m.offset.as_deref();
+    assert!(pack(&m.qs, &m.scale, offset).is_ok());
+    // no offsets (Q8_0, Q5_0), a quant outside 0..32, offsets no one f32 times int8s give
+    assert!(pack(&m.qs, &m.scale, None)
+        .unwrap_err()
+        .0
+        .contains("offsets"));
+    let mut qs = m.qs.clone();
+    qs[3] = 32;
+    assert!(pack(&qs, &m.scale, offset).unwrap_err().0.contains("0..32"));
+    let mut odd = m.offset.clone().unwrap();
+    odd[..3].copy_from_slice(&[1.0, 0.1, 1e-3]);
+    assert!(pack(&m.qs, &m.scale, Some(&odd))
+        .unwrap_err()
+        .0
+        .contains("int8"));
 }

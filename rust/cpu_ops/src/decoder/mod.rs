@@ -451,6 +451,12 @@ fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
     for (b, o) in out.chunks_exact_mut(B).enumerate() {
         let at = r * blocks + b;
         match w {
+            Weights::Q8(w) if w.packed => {
+                let (qs, s, off) = crate::packed_q5::q5_block(&w, r, b);
+                for (v, q) in o.iter_mut().zip(qs) {
+                    *v = s.mul_add(f32::from(q), off);
+                }
+            }
             Weights::Q8(w) => {
                 let (s, off) = (w.scale[at], w.offset.map(|o| o[at]));
                 for (v, q) in o.iter_mut().zip(&w.qs[at * B..(at + 1) * B]) {

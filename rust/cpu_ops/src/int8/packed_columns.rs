@@ -1,4 +1,4 @@
-//! Which kernel multiplies a matrix packed at load ([`crate::packed`], 4-bit or q6): the
+//! Which kernel multiplies a matrix packed at load ([`crate::packed`]: 4-bit, q6, q5): the
 //! in-place readers of that layout where they run, the others on groups unpacked into the row
 //! layout.
 
@@ -11,8 +11,8 @@ use crate::threads::Output;
 use crate::weights::Weights;
 
 /// Output columns `cols` of every row of a packed `w`: whole groups on the kernel that reads
-/// the layout as it lies for this CPU and kind (AVX-512 VNNI: `wide_packed.rs`, q4 and q6;
-/// AVX2: `side_by_side_packed.rs` for q4, `wide_avx2_packed.rs` for q6), for any number of rows;
+/// the layout as it lies for this CPU and kind (AVX-512 VNNI: `wide_packed.rs`; AVX2:
+/// `side_by_side_packed.rs` for q4, `wide_avx2_packed.rs` for q6 and q5), for any number of rows;
 /// the rest, and every column where those kernels cannot run or are off, unpacked a group at a
 /// time for the others (same bits, slower: the loader packs only the kinds the CPU's kernels
 /// read in place).
@@ -40,20 +40,18 @@ pub(super) fn columns(
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if let Weights::Q6(q6) = w {
-        if kernel != I8Kernel::Plain && wide::on() && wide_avx2_packed::takes(&q6) {
-            // one row: a whole packed group at a time
-            while a.rows == 1 && c.is_multiple_of(PACK) && c + PACK <= cols.end {
-                // SAFETY: as below, for a whole group and one row.
-                unsafe { wide_avx2_packed::one_row(a, q6, c, y) };
-                c += PACK;
-            }
-            while c.is_multiple_of(side_by_side::GROUP) && c + side_by_side::GROUP <= cols.end {
-                // SAFETY: the kernel runs here (matmul_i8 checked: AVX2 and FMA at least), the
-                // half lies inside the packed matrix, and `a` was quantised for `w`.
-                unsafe { wide_avx2_packed::group(a, q6, c, y) };
-                c += side_by_side::GROUP;
-            }
+    if kernel != I8Kernel::Plain && wide::on() && wide_avx2_packed::takes(&w) {
+        // q6 and q5: one row a whole packed group at a time, more each half of a group
+        while a.rows == 1 && c.is_multiple_of(PACK) && c + PACK <= cols.end {
+            // SAFETY: as below, for a whole group and one row.
+            unsafe { wide_avx2_packed::one_row(a, w, c, y) };
+            c += PACK;
+        }
+        while c.is_multiple_of(side_by_side::GROUP) && c + side_by_side::GROUP <= cols.end {
+            // SAFETY: the kernel runs here (matmul_i8 checked: AVX2 and FMA at least), the
+            // half lies inside the packed matrix, and `a` was quantised for `w`.
+            unsafe { wide_avx2_packed::group(a, w, c, y) };
+            c += side_by_side::GROUP;
         }
     }
     #[cfg(target_arch = "x86_64")]

@@ -132,6 +132,11 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 transpose_q4(w, c0, blocks, g);
                 Q4
             }
+            Weights::Q8(w) if w.packed => {
+                // packed q5: its quants as they are, scale and offset: the 4-bit kind's combine
+                super::wide_packed::split(Weights::Q8(w), c0, g);
+                Q4
+            }
             Weights::Q8(w) => {
                 transpose_q8(w, c0, blocks, g);
                 if w.offset.is_some() {

@@ -1,27 +1,29 @@
-//! AVX2's q6 kernel (`wide_avx2.rs`, the narrow kind) for a q6 matrix packed at load
-//! (`crate::packed`), for any number of rows: each tile reads its half of the packed group in
-//! place.
+//! AVX2's kernel for q6 and q5 matrices packed compact at load (`crate::packed`,
+//! `crate::packed_q5`; `wide_avx2.rs`'s narrow kinds' arithmetic), for any number of rows: each
+//! tile reads its half of the packed group in place, widening the six or five bits of a quant.
 //!
 //! Why: as `side_by_side_packed.rs` for 4-bit weights. From the row layout every call of two
 //! rows or more transposed each block of a group of eight columns into a buffer (eight 32-byte
 //! loads, a 8 x 8 transposition of quads, eight gathers of scales), in a phase that also waited
 //! on the weights' read, and one row took the column kernel (`q6.rs`), which ends every (block,
-//! column) in a horizontal reduction. Packed, a block's eight operand vectors are eight 32-byte
-//! loads (the group's eight-column half of each 64-byte vector) less `low`, its two scales two
-//! loads, and the blocks lie in the order the tiles walk them, so the first tile streams them
-//! while it multiplies; one row ([`one_row`]) takes a whole group of sixteen at once, each
-//! activation quad broadcast once for both halves. The integer sums are exact and the float
-//! operations `wide_avx2.rs`'s for the narrow q6 kind in its order, so the bits are
-//! `plain.rs`'s (the tests check it).
+//! column) in a horizontal reduction. Packed, a block's operand vectors come from the group's
+//! eight-column half of each 64-byte vector (a quant `q + 32`'s low nibble and top bits for
+//! q6, `q`'s nibble and fifth bit for q5), its scales (and offsets) from int8s times a `d` per
+//! 256 weights, and the blocks lie in the order the tiles walk them, so the first tile streams
+//! them while it multiplies; one row ([`one_row`]) takes a whole group of sixteen at once, each
+//! activation quad broadcast once for both halves; 16 rows or more widen each block once into a
+//! buffer ([`split`]). The integer sums are exact and the float operations `wide_avx2.rs`'s for
+//! the narrow kinds in their order, so the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::side_by_side::{store_row, GROUP};
 use super::{Activations, LANES};
-use crate::packed::{q6_at, q6_d_at, q6_packed_lengths, PACK, Q6_BIAS, Q6_BLOCK_BYTES, SUPER};
+use crate::packed::{q6_at, q6_packed_lengths, super_at, PACK, Q6_BIAS, Q6_BLOCK_BYTES, SUPER};
+use crate::packed_q5::{q5_at, q5_packed_lengths, Q5_BLOCK_BYTES};
 use crate::threads::Output;
-use crate::weights::{Q6Weights, BLOCK};
+use crate::weights::{Weights, BLOCK};
 
 /// Rows multiplied together against each block's operand vectors (as `wide_avx2.rs`).
 const TILE: usize = 4;
@@ -29,40 +31,63 @@ const TILE: usize = 4;
 /// Bytes ahead of the block being read whose lines the first tile asks for.
 const AHEAD: usize = 4096;
 
-/// Whether the kernels here read `w` (packed: every q6 matrix packed is).
-pub(super) fn takes(w: &Q6Weights<'_>) -> bool {
-    w.packed
+/// The kinds, as constants of `tile`: q6 (two scales a block, each half corrected by `-32 Σ q`)
+/// and q5 (Q5_K's q8 blocks: one sum, a scale and an offset).
+const Q6: u8 = 0;
+const Q5: u8 = 1;
+
+/// Whether the kernels here read `w`: a packed q6 or q5 matrix (every one packed is).
+pub(super) fn takes(w: &Weights<'_>) -> bool {
+    matches!(w, Weights::Q6(_) | Weights::Q8(_)) && w.packed()
 }
 
 /// Output columns `c0..c0 + GROUP` of every row of `a` into `y` (`[rows, n]`).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; [`takes`] holds, `c0` is a multiple of [`GROUP`] and `c0 + GROUP
-/// <= w.n`; `a` was quantised for `w`.
+/// <= w.n()`; `a` was quantised for `w`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn group(a: &Activations<'_>, w: Q6Weights<'_>, c0: usize, y: &Output) {
+pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
+    match w {
+        Weights::Q8(_) => kind_group::<Q5>(a, w, c0, y),
+        _ => kind_group::<Q6>(a, w, c0, y),
+    }
+}
+
+#[inline(always)]
+unsafe fn kind_group<const K: u8>(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
     let mut g = Packed::new(a, &w, c0, GROUP);
     if a.rows >= SPLIT_ROWS {
-        return SPLIT.with_borrow_mut(|buffer| {
-            split(&g, buffer);
-            g.split = buffer.as_ptr();
-            tiles::<true>(a, &g, y, w.n, c0)
-        });
+        // the buffer taken out of its cell, not borrowed in a closure: a closure does not
+        // inherit the caller's target features, and the tiles inlined in it ran their
+        // intrinsics as calls (a prefill 20x slower)
+        let mut buffer = SPLIT.take();
+        split::<K>(&g, &mut buffer);
+        g.split = buffer.as_ptr();
+        tiles::<K, true>(a, &g, y, w.n(), c0);
+        SPLIT.set(buffer);
+        return;
     }
-    tiles::<false>(a, &g, y, w.n, c0)
+    tiles::<K, false>(a, &g, y, w.n(), c0)
 }
 
 /// Every row of `a`, a tile at a time, against the half `g` (from its split buffer: `S`).
 #[inline(always)]
-unsafe fn tiles<const S: bool>(a: &Activations<'_>, g: &Packed, y: &Output, n: usize, c0: usize) {
+unsafe fn tiles<const K: u8, const S: bool>(
+    a: &Activations<'_>,
+    g: &Packed,
+    y: &Output,
+    n: usize,
+    c0: usize,
+) {
     let mut r0 = 0;
     while r0 < a.rows {
         let left = a.rows - r0;
         match left {
-            1 => tile::<1, 1, S>(a, g, r0, y, n, c0),
-            2 => tile::<2, 1, S>(a, g, r0, y, n, c0),
-            3 => tile::<3, 1, S>(a, g, r0, y, n, c0),
-            _ => tile::<TILE, 1, S>(a, g, r0, y, n, c0),
+            1 => tile::<1, 1, K, S>(a, g, r0, y, n, c0),
+            2 => tile::<2, 1, K, S>(a, g, r0, y, n, c0),
+            3 => tile::<3, 1, K, S>(a, g, r0, y, n, c0),
+            _ => tile::<TILE, 1, K, S>(a, g, r0, y, n, c0),
         }
         r0 += left.min(TILE);
     }
@@ -73,12 +98,13 @@ unsafe fn tiles<const S: bool>(a: &Activations<'_>, g: &Packed, y: &Output, n: u
 /// Llama-1B-shaped Q6_K lost 4-17 % to the repeated widening.
 const SPLIT_ROWS: usize = 16;
 
-/// One block of a half, widened: its eight quad vectors (`u = q + 32`) and two scale vectors.
+/// One block of a half, widened: its eight quad vectors (q6: `q + 32`; q5: `q`) and two value
+/// vectors (q6: its two scales; q5: its scale and its offset).
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Split {
     quads: [__m256i; 8],
-    scale: [__m256; 2],
+    values: [__m256; 2],
 }
 
 thread_local! {
@@ -88,25 +114,23 @@ thread_local! {
 
 /// Every block of the half `g`, in its position's order, widened into `buffer`.
 #[inline(always)]
-unsafe fn split(g: &Packed, buffer: &mut Vec<Split>) {
+unsafe fn split<const K: u8>(g: &Packed, buffer: &mut Vec<Split>) {
     if buffer.len() < g.blocks {
         // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
         buffer.resize(g.blocks, std::mem::zeroed());
     }
-    let (nibble, top) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
     let mut p = 0;
     for l in 0..LANES {
         for j in 0..per_lane + usize::from(l < longer) {
             let b = l + j * LANES;
-            let src = g.qs.add(p * Q6_BLOCK_BYTES);
-            let d = g.d.add(b / SUPER * PACK);
+            let src = g.qs.add(p * g.bytes);
             let out = &mut buffer[p];
             for t in 0..8 {
-                out.quads[t] = quad(src.add(32 * (g.half / GROUP)), t, nibble, top);
+                out.quads[t] = quad::<K>(src.add(32 * (g.half / GROUP)), t);
             }
-            for half in 0..2 {
-                out.scale[half] = scale(src, d, half, g.half / GROUP);
+            for v in 0..2 {
+                out.values[v] = value::<K>(g, src, b, v, g.half / GROUP);
             }
             p += 1;
         }
@@ -116,20 +140,26 @@ unsafe fn split(g: &Packed, buffer: &mut Vec<Split>) {
 /// One row against a whole packed group of sixteen columns, both halves at once.
 ///
 /// # Safety
-/// As [`group`], with `a.rows == 1`, `c0` a multiple of [`PACK`] and `c0 + PACK <= w.n`.
+/// As [`group`], with `a.rows == 1`, `c0` a multiple of [`PACK`] and `c0 + PACK <= w.n()`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn one_row(a: &Activations<'_>, w: Q6Weights<'_>, c0: usize, y: &Output) {
+pub(super) unsafe fn one_row(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
     assert!(a.rows == 1 && c0.is_multiple_of(PACK));
     let g = Packed::new(a, &w, c0, PACK);
-    tile::<1, 2, false>(a, &g, 0, y, w.n, c0)
+    match w {
+        Weights::Q8(_) => tile::<1, 2, Q5, false>(a, &g, 0, y, w.n(), c0),
+        _ => tile::<1, 2, Q6, false>(a, &g, 0, y, w.n(), c0),
+    }
 }
 
 /// Columns `c0..` of a packed group: their blocks (the block at position `p` at `qs + p *
-/// Q6_BLOCK_BYTES`, the second half of a group's columns 32 bytes on in each vector, 8 in each
-/// run of int8 scales) and their `d` (block `b`'s at `d + b / SUPER * PACK`).
+/// bytes`, the second half of a group's columns 32 bytes on in each vector, 8 in each run of
+/// int8 values) and their per-256 values (block `b`'s `d` at `d + b / SUPER * PACK`, q5's
+/// `dmin` at `dmin + ..`).
 struct Packed {
     qs: *const u8,
+    bytes: usize,
     d: *const f32,
+    dmin: *const f32,
     blocks: usize,
     /// The half's column in its group: 0 or 8.
     half: usize,
@@ -143,16 +173,34 @@ struct Packed {
 impl Packed {
     /// Checks the call and finds columns `c0..c0 + width` of `w`.
     #[inline(always)]
-    unsafe fn new(a: &Activations<'_>, w: &Q6Weights<'_>, c0: usize, width: usize) -> Packed {
-        let blocks = a.k / BLOCK;
-        assert!(takes(w) && c0.is_multiple_of(GROUP) && c0 + width <= w.n && a.k == w.k);
-        assert!((w.qs.len(), w.scale.len()) == q6_packed_lengths(w.n, w.k));
+    unsafe fn new(a: &Activations<'_>, w: &Weights<'_>, c0: usize, width: usize) -> Packed {
+        let (n, blocks) = (w.n(), a.k / BLOCK);
+        assert!(takes(w) && c0.is_multiple_of(GROUP) && c0 + width <= n && a.k == w.k());
         assert!(a.padded.is_multiple_of(LANES) && a.q.len() == a.rows * a.k);
-        assert!(a.d.len().min(a.lo.len()).min(a.hi.len()) == a.rows * a.padded);
+        assert!(a.d.len().min(a.sum.len()) == a.rows * a.padded);
+        assert!(a.lo.len().min(a.hi.len()) == a.rows * a.padded);
         let start = c0 - c0 % PACK;
+        let values = super_at(blocks, start, 0);
+        let (qs, bytes, d, dmin) = match w {
+            Weights::Q6(w) => {
+                assert!((w.qs.len(), w.scale.len()) == q6_packed_lengths(n, w.k));
+                let qs = w.qs.as_ptr().cast::<u8>().add(q6_at(blocks, start, 0));
+                (qs, Q6_BLOCK_BYTES, w.scale.as_ptr(), std::ptr::null())
+            }
+            Weights::Q8(w) => {
+                let dmin = w.offset.expect("a packed q5 matrix has offsets");
+                let (qs, d) = q5_packed_lengths(n, w.k);
+                assert!(w.qs.len() == qs && w.scale.len() == d && dmin.len() == d);
+                let qs = w.qs.as_ptr().cast::<u8>().add(q5_at(blocks, start, 0));
+                (qs, Q5_BLOCK_BYTES, w.scale.as_ptr(), dmin.as_ptr())
+            }
+            _ => unreachable!("`takes` holds"),
+        };
         Packed {
-            qs: w.qs.as_ptr().cast::<u8>().add(q6_at(blocks, start, 0)),
-            d: w.scale.as_ptr().add(q6_d_at(blocks, start, 0)),
+            qs,
+            bytes,
+            d: d.add(values),
+            dmin: dmin.wrapping_add(values),
             blocks,
             half: c0 % PACK,
             ahead: c0.is_multiple_of(PACK),
@@ -162,12 +210,14 @@ impl Packed {
 }
 
 /// Rows `r0..r0 + R` against `H` halves of the group `g` (eight columns each; read from its
-/// split buffer where `S`, with `H == 1`), lane by lane of `int8`'s combine: per half block
-/// (weights 0..16, then 16..32) two i16 sums of two `vpmaddubsw` widened by `vpmaddwd` and
-/// added, corrected by `low` times the activations' half sum, then combined with its scale, as
-/// `wide_avx2::tile` does for the narrow q6 kind.
+/// split buffer where `S`, with `H == 1`), lane by lane of `int8`'s combine, as `wide_avx2::tile`
+/// does for the narrow kinds. q6: per half block (weights 0..16, then 16..32) two i16 sums of two
+/// `vpmaddubsw` widened by `vpmaddwd` and added, corrected by `-32` times the activations' half
+/// sum, then combined with its scale. q5: per half block one i16 sum of four `vpmaddubsw` (at
+/// most 8 · 31 · 127 a lane) widened and added, then the block's sum combined with its scale and
+/// its offset.
 #[inline(always)]
-unsafe fn tile<const R: usize, const H: usize, const S: bool>(
+unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
     a: &Activations<'_>,
     g: &Packed,
     r0: usize,
@@ -177,11 +227,11 @@ unsafe fn tile<const R: usize, const H: usize, const S: bool>(
 ) {
     let xq: [*const i8; R] = std::array::from_fn(|i| a.q.as_ptr().add((r0 + i) * a.k));
     let row: [usize; R] = std::array::from_fn(|i| (r0 + i) * a.padded);
-    // the packed quants are `q + 32`: each half block's sum is corrected by `-32 Σ q`
-    let (nibble, top) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
-    let low = _mm256_set1_ps(-f32::from(Q6_BIAS));
+    let bias = _mm256_set1_ps(-f32::from(Q6_BIAS));
     let ones = _mm256_set1_epi16(1);
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
+    // q6 sums two pairs in i16 before each widening, q5 four
+    let run = if K == Q6 { 2 } else { 4 };
     let mut p = 0; // the block's position in the group
     let mut acc = [[[_mm256_setzero_ps(); LANES]; H]; R];
     #[allow(clippy::needless_range_loop)] // `l` picks both the blocks and the accumulators
@@ -189,28 +239,28 @@ unsafe fn tile<const R: usize, const H: usize, const S: bool>(
         let mut lane = [[_mm256_setzero_ps(); H]; R];
         for j in 0..per_lane + usize::from(l < longer) {
             let b = l + j * LANES;
-            let src = g.qs.add(p * Q6_BLOCK_BYTES);
-            let d = g.d.add(b / SUPER * PACK);
+            let src = g.qs.add(p * g.bytes);
             if r0 == 0 && g.ahead && !S {
                 let ahead = src.wrapping_add(AHEAD);
-                for line in 0..Q6_BLOCK_BYTES.div_ceil(64) {
+                for line in 0..g.bytes.div_ceil(64) {
                     _mm_prefetch(ahead.wrapping_add(64 * line).cast(), _MM_HINT_T0);
                 }
             }
             // plain loops, not closures: a closure does not inherit this function's target
             // features, and its intrinsics would become calls
+            let mut block = [[_mm256_setzero_si256(); H]; R]; // q5: the block's sum
             for half in 0..2 {
                 let mut sums = [[_mm256_setzero_si256(); H]; R];
-                for two in 0..2 {
+                for part in 0..4 / run {
                     let mut pairs = [[_mm256_setzero_si256(); H]; R];
-                    for u in 0..2 {
-                        let t = 4 * half + 2 * two + u;
+                    for u in 0..run {
+                        let t = 4 * half + run * part + u;
                         let mut w = [_mm256_setzero_si256(); H];
                         for (h, w) in w.iter_mut().enumerate() {
                             *w = if S {
                                 (*g.split.add(p)).quads[t]
                             } else {
-                                quad(src.add(32 * (g.half / GROUP + h)), t, nibble, top)
+                                quad::<K>(src.add(32 * (g.half / GROUP + h)), t)
                             };
                         }
                         for i in 0..R {
@@ -233,18 +283,47 @@ unsafe fn tile<const R: usize, const H: usize, const S: bool>(
                         }
                     }
                 }
+                if K == Q5 {
+                    for i in 0..R {
+                        for h in 0..H {
+                            block[i][h] = _mm256_add_epi32(block[i][h], sums[i][h]);
+                        }
+                    }
+                    continue;
+                }
                 let half_sums = if half == 0 { a.lo } else { a.hi };
                 for i in 0..R {
                     let q_sum = _mm256_set1_ps(*half_sums.as_ptr().add(row[i] + b));
                     let row_d = _mm256_set1_ps(*a.d.as_ptr().add(row[i] + b));
                     for h in 0..H {
-                        let isum = _mm256_fmadd_ps(low, q_sum, _mm256_cvtepi32_ps(sums[i][h]));
+                        let isum = _mm256_fmadd_ps(bias, q_sum, _mm256_cvtepi32_ps(sums[i][h]));
                         let s = if S {
-                            (*g.split.add(p)).scale[half]
+                            (*g.split.add(p)).values[half]
                         } else {
-                            scale(src, d, half, g.half / GROUP + h)
+                            value::<K>(g, src, b, half, g.half / GROUP + h)
                         };
                         lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(s, row_d), isum, lane[i][h]);
+                    }
+                }
+            }
+            if K == Q5 {
+                for i in 0..R {
+                    let row_d = _mm256_set1_ps(*a.d.as_ptr().add(row[i] + b));
+                    let sum = _mm256_set1_ps(*a.sum.as_ptr().add(row[i] + b));
+                    for h in 0..H {
+                        let (s, o) = if S {
+                            let v = (*g.split.add(p)).values;
+                            (v[0], v[1])
+                        } else {
+                            let part = g.half / GROUP + h;
+                            (
+                                value::<K>(g, src, b, 0, part),
+                                value::<K>(g, src, b, 1, part),
+                            )
+                        };
+                        let isum = _mm256_cvtepi32_ps(block[i][h]);
+                        lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(s, row_d), isum, lane[i][h]);
+                        lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(o, row_d), sum, lane[i][h]);
                     }
                 }
             }
@@ -263,12 +342,28 @@ unsafe fn tile<const R: usize, const H: usize, const S: bool>(
     }
 }
 
-/// Quad `t` (`u = q + 32` of weights `4t..4t + 4`) of eight columns of a packed q6 block, from
-/// `src`: the block's bytes at those columns' half of each vector (`crate::packed`'s layout).
+/// Quad `t` (weights `4t..4t + 4`: q6 `q + 32`, q5 `q`) of eight columns of a packed block,
+/// from `src`: the block's bytes at those columns' half of each vector.
 #[inline(always)]
-unsafe fn quad(src: *const u8, t: usize, nibble: __m256i, top: __m256i) -> __m256i {
+unsafe fn quad<const K: u8>(src: *const u8, t: usize) -> __m256i {
     let l = _mm256_loadu_si256(src.add(64 * (t % 4)).cast());
     let low = if t < 4 { l } else { _mm256_srli_epi16::<4>(l) };
+    let low = _mm256_and_si256(low, _mm256_set1_epi8(0x0f));
+    if K == Q5 {
+        // bit t of the top-bits vector is quad t's fifth bit: moved to bit 4
+        let h = _mm256_loadu_si256(src.add(256).cast());
+        let high = match t {
+            0 => _mm256_slli_epi16::<4>(h),
+            1 => _mm256_slli_epi16::<3>(h),
+            2 => _mm256_slli_epi16::<2>(h),
+            3 => _mm256_slli_epi16::<1>(h),
+            4 => h,
+            5 => _mm256_srli_epi16::<1>(h),
+            6 => _mm256_srli_epi16::<2>(h),
+            _ => _mm256_srli_epi16::<3>(h),
+        };
+        return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
+    }
     // bits 2m, 2m + 1 of the top-bits vector `t % 2` are quad `t % 2 + 2m`'s: moved to 4, 5
     let h = _mm256_loadu_si256(src.add(256 + 64 * (t % 2)).cast());
     let high = match t / 2 {
@@ -277,14 +372,25 @@ unsafe fn quad(src: *const u8, t: usize, nibble: __m256i, top: __m256i) -> __m25
         2 => h,
         _ => _mm256_srli_epi16::<2>(h),
     };
-    _mm256_or_si256(_mm256_and_si256(low, nibble), _mm256_and_si256(high, top))
+    _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
 }
 
-/// Half `half` (weights 0..16 or 16..32) of eight columns' scales, `d * sc`: the int8 `sc` of
-/// the block at `src` for the eight columns `8 part..`, the columns' `d` at `d`.
+/// Value `v` of eight columns (`8 part..` of the group) of block `b`, whose bytes are at `src`:
+/// q6 the scale of half `v`, `d * sc`; q5 its scale (`v = 0`, `d * sc`) or offset (`dmin * m`).
 #[inline(always)]
-unsafe fn scale(src: *const u8, d: *const f32, half: usize, part: usize) -> __m256 {
-    let sc = _mm_loadl_epi64(src.add(384 + 16 * half + 8 * part).cast());
-    let d = _mm256_loadu_ps(d.add(8 * part));
-    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)))
+unsafe fn value<const K: u8>(
+    g: &Packed,
+    src: *const u8,
+    b: usize,
+    v: usize,
+    part: usize,
+) -> __m256 {
+    let (ints, per) = if K == Q6 {
+        (src.add(384 + 16 * v), g.d)
+    } else {
+        (src.add(320 + 16 * v), if v == 0 { g.d } else { g.dmin })
+    };
+    let ints = _mm_loadl_epi64(ints.add(8 * part).cast());
+    let per = _mm256_loadu_ps(per.add(b / SUPER * PACK + 8 * part));
+    _mm256_mul_ps(per, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ints)))
 }

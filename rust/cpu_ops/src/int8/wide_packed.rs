@@ -16,7 +16,8 @@ use std::mem::MaybeUninit;
 use super::wide::{quad, store_rows, Block16, COLUMNS, TILE};
 use super::{Activations, LANES};
 use crate::packed::Q6_BLOCK_BYTES;
-use crate::packed::{position, q6_at, q6_d_at, quads_at, value_at, PACK, Q6_BIAS, SUPER};
+use crate::packed::{position, q6_at, quads_at, super_at, value_at, PACK, Q6_BIAS, SUPER};
+use crate::packed_q5::{q5_at, Q5_BLOCK_BYTES};
 use crate::threads::Output;
 use crate::weights::{Weights, BLOCK};
 
@@ -24,6 +25,8 @@ use crate::weights::{Weights, BLOCK};
 /// tile's rows up): 4-bit with offsets; q6 (int8 flipped, two scales a block).
 const Q4: u8 = 0;
 const Q6: u8 = 1;
+/// Q5_K's q8 blocks packed compact (`crate::packed_q5`): combined as 4-bit weights are.
+const Q5: u8 = 2;
 
 /// `wide::group` for a matrix packed at load (`crate::packed`): its blocks already lie as the
 /// operand vectors and in the order the tiles walk them, so each tile reads the group in place,
@@ -41,6 +44,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     let g = packed(w, c0, blocks);
     match w {
         Weights::Q4(_) => tiles::<Q4>(a, &g, y, n, c0),
+        Weights::Q8(_) => tiles::<Q5>(a, &g, y, n, c0),
         _ => tiles::<Q6>(a, &g, y, n, c0),
     }
 }
@@ -71,6 +75,11 @@ pub(super) unsafe fn split(w: Weights<'_>, c0: usize, g: &mut [Block16]) {
             }
             blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * PACK));
             blk.offset = _mm512_loadu_ps(p.offset.add(at * PACK));
+        } else if let Weights::Q8(_) = w {
+            // wide.rs's 4-bit kind takes the five-bit quants as they are (u8, no offset to undo)
+            let src = p.qs.add(at * Q5_BLOCK_BYTES);
+            blk.quads = q5_quads(src);
+            (blk.scale[0], blk.offset) = q5_values(src, &p, b);
         } else {
             // wide.rs's q6 operands are `q + 128`: the stored `q + 32` less 96
             let src = p.qs.add(at * Q6_BLOCK_BYTES);
@@ -112,6 +121,52 @@ unsafe fn q6_quads(src: *const u8, add: __m512i) -> [__m512i; 8] {
         u[t] = _mm512_add_epi8(q, add);
     }
     u
+}
+
+/// A packed q5 block's eight quad vectors (its quants, 0..32, of weights `4t..4t + 4` of each
+/// column) from its bytes at `src` (`crate::packed_q5`'s layout).
+#[inline(always)]
+unsafe fn q5_quads(src: *const u8) -> [__m512i; 8] {
+    let (nibble, top) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
+    let mut u = [_mm512_setzero_si512(); 8];
+    // plain loops, not closures: a closure does not inherit this function's target features
+    let h = _mm512_loadu_si512(src.add(256).cast());
+    for j in 0..4 {
+        let l = _mm512_loadu_si512(src.add(64 * j).cast());
+        u[j] = _mm512_and_si512(l, nibble);
+        u[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(l), nibble);
+    }
+    // bit t of `h` is quad t's fifth bit: moved to bit 4
+    let high = [
+        _mm512_slli_epi16::<4>(h),
+        _mm512_slli_epi16::<3>(h),
+        _mm512_slli_epi16::<2>(h),
+        _mm512_slli_epi16::<1>(h),
+        h,
+        _mm512_srli_epi16::<1>(h),
+        _mm512_srli_epi16::<2>(h),
+        _mm512_srli_epi16::<3>(h),
+    ];
+    for t in 0..8 {
+        u[t] = _mm512_or_si512(u[t], _mm512_and_si512(high[t], top));
+    }
+    u
+}
+
+/// A packed q5 block's scale and offset vectors (`d * sc`, `dmin * m` of each column): its int8
+/// `sc` and `m` after the quants at `src`, the columns' `d` and `dmin` for block `b` in `p`.
+#[inline(always)]
+unsafe fn q5_values(src: *const u8, p: &Packed, b: usize) -> (__m512, __m512) {
+    let (d, dmin) = (
+        p.scale.add(b / SUPER * PACK),
+        p.offset.add(b / SUPER * PACK),
+    );
+    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(320).cast()));
+    let m = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(336).cast()));
+    (
+        _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_cvtepi32_ps(sc)),
+        _mm512_mul_ps(_mm512_loadu_ps(dmin), _mm512_cvtepi32_ps(m)),
+    )
 }
 
 /// A packed q6 block's two scale vectors (`d * sc` of each column, weights 0..16 and 16..32):
@@ -165,17 +220,28 @@ unsafe fn packed(w: Weights<'_>, c0: usize, blocks: usize) -> Packed {
                 blocks,
             }
         }
+        Weights::Q8(w) => {
+            let (qs, d) = crate::packed_q5::q5_packed_lengths(n, w.k);
+            let dmin = w.offset.expect("a packed q5 matrix has offsets");
+            assert!(w.qs.len() == qs && w.scale.len() == d && dmin.len() == d);
+            Packed {
+                qs: w.qs.as_ptr().add(q5_at(blocks, c0, 0)).cast(),
+                scale: w.scale.as_ptr().add(super_at(blocks, c0, 0)),
+                offset: dmin.as_ptr().add(super_at(blocks, c0, 0)),
+                blocks,
+            }
+        }
         Weights::Q6(w) => {
             let (qs, d) = crate::packed::q6_packed_lengths(n, w.k);
             assert!(w.qs.len() == qs && w.scale.len() == d);
             Packed {
                 qs: w.qs.as_ptr().add(q6_at(blocks, c0, 0)).cast(),
-                scale: w.scale.as_ptr().add(q6_d_at(blocks, c0, 0)),
+                scale: w.scale.as_ptr().add(super_at(blocks, c0, 0)),
                 offset: std::ptr::null(),
                 blocks,
             }
         }
-        _ => unreachable!("only q4 and q6 matrices are packed"),
+        _ => unreachable!("only q4, q6 and q5 (q8 blocks) matrices are packed"),
     }
 }
 
@@ -214,9 +280,14 @@ unsafe fn tile<const R: usize, const K: u8>(
     let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
     let mask = _mm512_set1_epi8(0x0f);
-    // a block's bytes in the group: q4 four vectors (its scales and offsets apart); q6 its six
-    // bits a quant and its int8 scales (the columns' `d` apart, one a run of SUPER blocks)
-    let bytes = if K == Q4 { 256 } else { Q6_BLOCK_BYTES };
+    // a block's bytes in the group: q4 four vectors (its scales and offsets apart); q6 and q5
+    // their six or five bits a quant and int8 scales (and offsets: the columns' `d` and `dmin`
+    // apart, one a run of SUPER blocks)
+    let bytes = match K {
+        Q4 => 256,
+        Q5 => Q5_BLOCK_BYTES,
+        _ => Q6_BLOCK_BYTES,
+    };
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
     let mut p = 0; // the block's position in the group
     let mut lanes = [[MaybeUninit::<__m512>::uninit(); LANES]; R];
@@ -250,6 +321,9 @@ unsafe fn tile<const R: usize, const K: u8>(
                 }
                 scale = _mm512_loadu_ps(g.scale.add(p * PACK));
                 second = _mm512_loadu_ps(g.offset.add(p * PACK));
+            } else if K == Q5 {
+                u = q5_quads(src);
+                (scale, second) = q5_values(src, g, b);
             } else {
                 u = q6_quads(src, _mm512_setzero_si512());
                 (scale, second) = q6_scales(src, g.scale.add(b / SUPER * PACK));
@@ -263,7 +337,7 @@ unsafe fn tile<const R: usize, const K: u8>(
                     s1 = _mm512_dpbusd_epi32(s1, u[4 + j], quad(x, 4 + j));
                 }
                 let d = _mm512_set1_ps(*a.d.as_ptr().add(at[r] + b));
-                if K == Q4 {
+                if K != Q6 {
                     let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
                     let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));

@@ -2,8 +2,8 @@
 #![allow(dead_code)] // each test file uses its own part
 
 use kvpark_cpu_ops::{
-    narrow_low, pack_q4, pack_q6, q6_packed_lengths, Q4Weights, Q6Weights, Q8Weights, Weights,
-    BLOCK, Q6_GROUP,
+    narrow_low, pack_q4, pack_q5, pack_q6, q5_packed_lengths, q6_packed_lengths, Q4Weights,
+    Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
 };
 
 pub fn lcg(seed: &mut u64) -> u32 {
@@ -54,6 +54,10 @@ pub enum Kind {
     /// (-4..4, scales in -32..32): each run of eight blocks' scales an f16-like `d` times int8s,
     /// what `pack_q6` stores compact.
     Q6K,
+    /// Q8 with offsets as the loader makes it from Q5_K: quants in 0..32, each run of eight
+    /// blocks' scales an f16-like `d` times int8s and offsets a `dmin` times int8s, what
+    /// `pack_q5` stores compact.
+    Q5K,
 }
 
 pub const KINDS: [Kind; 8] = [
@@ -77,11 +81,13 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
         Kind::Q6Narrow => 64,
         Kind::Q6K if q3 => 8,
         Kind::Q6K => 64,
+        Kind::Q5K => 32,
         _ => 256,
     };
     // a window of `span` values anywhere in the i8 range, its ends included sometimes
     let least = match lcg(seed) % 4 {
         _ if matches!(kind, Kind::Q6K) => -(span as i32) / 2,
+        _ if matches!(kind, Kind::Q5K) => 0,
         0 => -128,
         1 => 128 - span as i32,
         _ => (lcg(seed) % (257 - span)) as i32 - 128,
@@ -102,12 +108,13 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
         blocks
     };
     let mut scale: Vec<f32> = (0..scales).map(|_| unit(seed) / 16.0).collect();
-    if let Kind::Q6K = kind {
+    if let Kind::Q6K | Kind::Q5K = kind {
         // per column and run of eight blocks: d with an 11-bit significand (sometimes 0, either
         // sign), times int8s (Q6_K's extremes -128 and 127 included sometimes)
+        let per = if let Kind::Q6K = kind { 2 } else { 1 };
         for run in scale
-            .chunks_mut(2 * (k / BLOCK))
-            .flat_map(|c| c.chunks_mut(16))
+            .chunks_mut(per * (k / BLOCK))
+            .flat_map(|c| c.chunks_mut(8 * per))
         {
             let d = match lcg(seed) % 8 {
                 0 => 0.0,
@@ -129,6 +136,17 @@ pub fn matrix(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Matrix {
     let offset = match kind {
         Kind::Q4 | Kind::Q8Offset | Kind::Q5Offset => {
             Some((0..blocks).map(|_| unit(seed)).collect())
+        }
+        // Q5_K's: -(dmin * m), m in 0..64, a dmin per column and run of eight blocks
+        Kind::Q5K => {
+            let mut offset = vec![0.0f32; blocks];
+            for run in offset.chunks_mut(k / BLOCK).flat_map(|c| c.chunks_mut(8)) {
+                let dmin = (lcg(seed) % 2048) as f32 * 2f32.powi(-20 - (lcg(seed) % 4) as i32);
+                for v in run.iter_mut() {
+                    *v = -(dmin * (lcg(seed) % 64) as f32); // exact: 11 bits times 6
+                }
+            }
+            Some(offset)
         }
         Kind::Q4Signed => Some(scale.iter().map(|s| -8.0 * s).collect()),
         Kind::Q8 | Kind::Q6 | Kind::Q6Narrow | Kind::Q6K | Kind::Q5 => None,
@@ -161,14 +179,17 @@ impl Matrix {
                 k,
                 packed: self.packed,
             }),
-            Kind::Q8 | Kind::Q8Offset | Kind::Q5 | Kind::Q5Offset => Weights::Q8(Q8Weights {
-                qs: signed,
-                scale: &self.scale,
-                offset: self.offset.as_deref(),
-                n,
-                k,
-                low: self.low,
-            }),
+            Kind::Q8 | Kind::Q8Offset | Kind::Q5 | Kind::Q5Offset | Kind::Q5K => {
+                Weights::Q8(Q8Weights {
+                    qs: signed,
+                    scale: &self.scale,
+                    offset: self.offset.as_deref(),
+                    n,
+                    k,
+                    low: self.low,
+                    packed: self.packed,
+                })
+            }
             Kind::Q6 | Kind::Q6Narrow | Kind::Q6K => Weights::Q6(Q6Weights {
                 qs: signed,
                 scale: &self.scale,
@@ -187,6 +208,20 @@ impl Matrix {
         if let Weights::Q6(_) = self.view() {
             let (q, d) = q6_packed_lengths(self.n, self.k);
             (qs, scale) = (vec![0; q], vec![0.0; d]);
+        }
+        if let Weights::Q8(w) = self.view() {
+            let (q, d) = q5_packed_lengths(self.n, self.k);
+            let (mut qs, mut scale, mut offset) = (vec![0u8; q], vec![0.0; d], vec![0.0; d]);
+            // SAFETY: u8 and i8 have the same size and alignment, every bit pattern valid.
+            let signed = unsafe { std::slice::from_raw_parts_mut(qs.as_mut_ptr().cast(), q) };
+            pack_q5(w, signed, &mut scale, &mut offset).unwrap();
+            return Matrix {
+                qs,
+                scale,
+                offset: Some(offset),
+                packed: true,
+                ..*self
+            };
         }
         let offset = match self.view() {
             Weights::Q4(w) => {
