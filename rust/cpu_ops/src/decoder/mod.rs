@@ -19,6 +19,7 @@
 //! entry of its own over its sequence's cells up to its position, so a prompt row gets the bits it
 //! would get as a decode row, and no row's bits depend on the others, the split or the threads.
 
+mod embed;
 mod gelu;
 mod kv;
 mod layer;
@@ -26,12 +27,10 @@ mod moe;
 mod silu;
 
 use crate::attention::Scores;
-use crate::dense;
 use crate::int8::I8Scratch;
-use crate::iq4::IQ4_TABLE;
 use crate::norm::rms_norm;
 use crate::shape::ShapeError;
-use crate::weights::{Weights, BLOCK};
+use crate::weights::Weights;
 pub use kv::{bf16_bits, f16_bits, KvCells};
 pub use moe::{Expert, Moe};
 
@@ -405,7 +404,7 @@ pub fn forward(
     let mut x = std::mem::take(&mut ws.x);
     let xs = sized(&mut x, t * s.hidden);
     for (row, &tok) in xs.chunks_exact_mut(s.hidden).zip(step.tokens) {
-        embed_row(model.embed, tok as usize, row);
+        embed::embed_row(model.embed, tok as usize, row);
         if s.embed_scale != 1.0 {
             row.iter_mut().for_each(|v| *v *= s.embed_scale);
         }
@@ -437,68 +436,4 @@ pub fn forward(
     })();
     ws.x = x;
     result
-}
-
-/// Row `r` of a dense matrix widened, or of a block matrix dequantised bitwise as `BlockWeight.dequantize` does it
-/// (`q * scale` for 8-bit blocks, `scale * nibble + offset` for 4-bit ones: the product is
-/// exact, so the one rounding of an FMA is the one rounding of the sum; `scale * q` for Q6).
-fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
-    if let Weights::Dense(d) = w {
-        return dense::row(d, r, out); // each value widened exactly
-    }
-    const B: usize = BLOCK;
-    let blocks = w.k() / B;
-    for (b, o) in out.chunks_exact_mut(B).enumerate() {
-        let at = r * blocks + b;
-        match w {
-            Weights::Q8(w) if w.packed => {
-                let (qs, s, off) = crate::packed_q5::q5_block(&w, r, b);
-                for (v, q) in o.iter_mut().zip(qs) {
-                    *v = s.mul_add(f32::from(q), off);
-                }
-            }
-            Weights::Q8(w) => {
-                let (s, off) = (w.scale[at], w.offset.map(|o| o[at]));
-                for (v, q) in o.iter_mut().zip(&w.qs[at * B..(at + 1) * B]) {
-                    *v = match off {
-                        None => f32::from(*q) * s,
-                        Some(off) => s.mul_add(f32::from(*q), off),
-                    };
-                }
-            }
-            Weights::Q4(w) => {
-                let (bytes, s, off) = if w.packed {
-                    crate::packed::q4_block(&w, r, b)
-                } else {
-                    let bytes = w.qs[at * B / 2..(at + 1) * B / 2].try_into();
-                    (bytes.expect("16 bytes a block"), w.scale[at], w.offset[at])
-                };
-                for (i, q) in bytes.iter().enumerate() {
-                    o[i] = s.mul_add(f32::from(q & 0x0F), off);
-                    o[i + B / 2] = s.mul_add(f32::from(q >> 4), off);
-                }
-            }
-            Weights::Iq4(w) => {
-                // as the q8 blocks it equals: `q * scale`
-                let s = w.scale[at];
-                for (i, q) in w.qs[at * B / 2..(at + 1) * B / 2].iter().enumerate() {
-                    o[i] = f32::from(IQ4_TABLE[usize::from(q & 0x0F)]) * s;
-                    o[i + B / 2] = f32::from(IQ4_TABLE[usize::from(q >> 4)]) * s;
-                }
-            }
-            Weights::Q6(w) => {
-                let (qs, scales) = if w.packed {
-                    crate::packed::q6_block(&w, r, b)
-                } else {
-                    let qs = w.qs[at * B..(at + 1) * B].try_into();
-                    let scales = w.scale[2 * at..2 * at + 2].try_into();
-                    (qs.expect("32 quants"), scales.expect("2 scales"))
-                };
-                for (i, (v, q)) in o.iter_mut().zip(qs).enumerate() {
-                    *v = scales[i / (B / 2)] * f32::from(q);
-                }
-            }
-            Weights::Dense(_) => unreachable!("looked up above"),
-        }
-    }
 }
