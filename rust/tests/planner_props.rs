@@ -213,6 +213,35 @@ fn requests_sharing_a_prompt_under_pressure_park_and_resume_from_the_cache() {
     }
 }
 
+#[test]
+fn a_request_whose_pages_a_family_shares_is_no_victim_for_the_familys_shortfall() {
+    // Found by the random workloads: the n=1 request holds only the cached prefix page that
+    // the family's first child took too, so parking it frees nothing; the family's 13-row
+    // prompt chunk sits the step out instead of anyone being parked for it.
+    let shared = |prompt_len, output_len, arrival_step, n, prefix_len| SimRequest {
+        prefix_id: 1,
+        prefix_len,
+        n,
+        ..req(prompt_len, output_len, arrival_step)
+    };
+    let mut config = config(24, 5, 15, Some(118_784));
+    config.page_size = 2;
+    config.prefix_cache = true;
+    let w = Workload {
+        config,
+        requests: vec![
+            shared(3, 6, 0, 1, 2),
+            SimRequest {
+                n: 2,
+                ..req(15, 2, 5)
+            },
+            shared(15, 1, 5, 2, 3),
+            shared(4, 1, 5, 1, 2),
+        ],
+    };
+    assert!(all_finished(&run_ok(&w)));
+}
+
 // ---------------------------------------------------------------------------------- random
 
 fn workload() -> impl Strategy<Value = Workload> {

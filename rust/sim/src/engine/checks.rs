@@ -44,9 +44,17 @@ impl Sim {
             return Ok(());
         }
         let running = self.running();
+        // A victim must gain something: cells only it holds (a page it shares with a family's
+        // prompt or another request's cached prefix frees nothing) or cells its step needs.
         let parkable = running.iter().any(|&i| {
             let r = &self.reqs[i];
-            !r.family() && (r.computed_cells() > 0 || r.seqs.iter().any(|s| s.rows > 0))
+            let held = self.pool.cells_freed_by(&r.seq_ids()).unwrap();
+            let step: usize = r
+                .seqs
+                .iter()
+                .map(|s| self.pool.pages_needed(s.id, s.computed + s.rows).unwrap())
+                .sum();
+            !r.family() && held + step > 0
         });
         if running.len() >= 2 && parkable {
             return self.fail(format!(
