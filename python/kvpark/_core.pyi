@@ -21,6 +21,7 @@ __all__ = [
     "_cpu_features",
     "_cpu_pack_q4",
     "_cpu_pack_q5",
+    "_cpu_pack_q5_blocks",
     "_cpu_pack_q6",
     "_cpu_set_threads",
     "_decode_attention",
@@ -521,6 +522,20 @@ def _cpu_pack_q5(
     (`kvpark_cpu_ops::q5_packed_lengths`: the quants and int8 values, the `d` and the `dmin`);
     a ValueError where it is not a Q5_K's. Private: see kvpark.model.gguf_blocks.
     """
+
+def _cpu_pack_q5_blocks(
+    qs: int,
+    scale: int,
+    offset: int,
+    n: int,
+    k: int,
+    low: int,
+    out_qs: int,
+    out_scale: int,
+    out_offset: int,
+) -> None:
+    """Packs a Q5_0 or Q5_1 matrix (q8 blocks, quants in ``low..low + 32``) compact; private:
+    see kvpark.model.block_packing."""
 
 def _cpu_pack_q6(qs: int, scale: int, n: int, k: int, out_qs: int, out_scale: int) -> None:
     """Packs a q6 matrix (qs [n, k] i8, scale [n, k/16] f32, row layout) into the arrays at

@@ -6,8 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use kvpark_cpu_ops::{
-    narrow_low, DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights,
-    BLOCK, Q6_GROUP,
+    narrow_low, DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights,
+    Weights, BLOCK, Q6_GROUP,
 };
 
 /// A matrix `[n, k]`: kind '4' (qs [n, k/2] u8, scale and offset [n, k/32] f32), '8' (qs [n, k]
@@ -15,7 +15,9 @@ use kvpark_cpu_ops::{
 /// i8, scale [n, k/16] f32, offset 0) or 'i' (IQ4: qs [n, k/2] u8 nibbles into the IQ4 table,
 /// scale [n, k/32] f32, offset 0) in blocks, 'p' and 'P' ('4' and '6' packed at load:
 /// kvpark_cpu_ops::packed, '6' compact), 'Q' (Q5_K's '8' with offsets packed compact:
-/// kvpark_cpu_ops::packed_q5, `scale` and `offset` its `d` and `dmin`); or dense,
+/// kvpark_cpu_ops::packed_q5, `scale` and `offset` its `d` and `dmin`), 'B' (Q5_0's or Q5_1's
+/// '8' packed compact: kvpark_cpu_ops::packed_q5_blocks, its quants stored less -16 without
+/// offsets, less 0 with them); or dense,
 /// `qs` the address of its [n, k] values and `scale`, `offset` 0: 'f' (f32), 'h' (f16 bits) or
 /// 'b' (bf16 bits). Dense products take f32 activations whatever the block dot.
 #[derive(FromPyObject, Clone, Copy)]
@@ -192,7 +194,20 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
                 n: m.n,
                 k: m.k,
                 low: Some(0), // pack_q5 takes quants in 0..32 only
-                packed: true,
+                packed: Q8Packing::Q5Super,
+            })
+        }
+        'B' => {
+            let (qs, values) = kvpark_cpu_ops::q5b_packed_lengths(m.n, m.k);
+            Weights::Q8(Q8Weights {
+                qs: slice(m.qs, qs),
+                scale: slice(m.scale, values),
+                offset: maybe(m.offset, values),
+                n: m.n,
+                k: m.k,
+                // kvpark.model.block_packing stores Q5_0's `q + 16` and Q5_1's `q`
+                low: Some(if m.offset == 0 { -16 } else { 0 }),
+                packed: Q8Packing::Q5Blocks,
             })
         }
         _ => Weights::Q8(Q8Weights {
@@ -202,7 +217,7 @@ pub(super) unsafe fn weights<'a>(m: &Matrix) -> Weights<'a> {
             n: m.n,
             k: m.k,
             low: m.low,
-            packed: false,
+            packed: Q8Packing::Rows,
         }),
     }
 }
@@ -218,6 +233,7 @@ pub(super) fn check_matrix(name: &str, m: &Matrix, n: usize, k: usize) -> PyResu
             'p' => m.offset != 0 && n % kvpark_cpu_ops::PACK == 0,
             'P' => m.offset == 0 && n % kvpark_cpu_ops::PACK == 0,
             'Q' => m.offset != 0 && n % kvpark_cpu_ops::PACK == 0,
+            'B' => n % kvpark_cpu_ops::PACK == 0,
             '6' | 'i' => m.offset == 0,
             _ => m.kind == '8',
         };

@@ -9,6 +9,7 @@
 //! `python/kvpark/_core.pyi` mirrors this module and `mypy.stubtest` checks the two agree.
 
 mod cpu;
+mod cpu_pack;
 mod decoder;
 mod decoder_specs;
 mod errors;
@@ -19,9 +20,9 @@ use pyo3::prelude::*;
 
 use cpu::{
     _blockmm_q4, _blockmm_q4_i8, _blockmm_q6, _blockmm_q6_i8, _blockmm_q8, _blockmm_q8_i8,
-    _cpu_features, _cpu_pack_q4, _cpu_pack_q5, _cpu_pack_q6, _cpu_set_threads, _decode_attention,
-    _rms_norm,
+    _cpu_features, _cpu_set_threads, _decode_attention, _rms_norm,
 };
+use cpu_pack::{_cpu_pack_q4, _cpu_pack_q5, _cpu_pack_q5_blocks, _cpu_pack_q6};
 use decoder::PyCpuDecoder;
 use errors::PoolFullError;
 use planner::{round_up_buffer, PyAction, PyPlanner, PyRequestView};
@@ -48,6 +49,7 @@ fn kvpark_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_pack_q4, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_pack_q5, m)?)?;
+    m.add_function(wrap_pyfunction!(_cpu_pack_q5_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_pack_q6, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_set_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_cpu_features, m)?)?;

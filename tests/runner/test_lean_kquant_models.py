@@ -36,10 +36,11 @@ KINDS = {"qkv_w": "q4", "o_w": "q4", "gate_up_w": "q4", "down_w": "q6"}
 
 
 def kind_of(m: object) -> str | None:
-    """A matrix's block kind as the file gave it: "q4p" / "q6p" / "q5p" (packed by the runner
-    where the CPU has AVX2 or AVX-512 VNNI, runner/packed_blocks.py) as "q4" / "q6" / "q8"."""
+    """A matrix's block kind as the file gave it: "q4p" / "q6p" / "q5p" / "q5b" (packed by the
+    runner where the CPU has AVX2 or AVX-512 VNNI, runner/packed_blocks.py) as "q4" / "q6" /
+    "q8"."""
     kind = getattr(m, "kind", None)
-    return {"q4p": "q4", "q6p": "q6", "q5p": "q8"}.get(kind, kind) if kind else kind
+    return {"q4p": "q4", "q6p": "q6", "q5p": "q8", "q5b": "q8"}.get(kind, kind) if kind else kind
 
 
 # the default model's Q4_K_M as llama-quantize writes it: rows of 576 take Q5_0 (no K-quant
@@ -147,6 +148,29 @@ def test_q5_0_and_q5_1_matrices_run_lean_as_their_float64_forward(
             check_logits(r)
     alone, beside = alone_and_beside_others(runner(path, tokenizer, exact=True))
     assert np.all(np.isfinite(alone)) and np.array_equal(beside, alone)
+
+
+@pytest.mark.parametrize("block_dot", ["int8", "float32"])
+def test_q5_0_and_q5_1_matrices_packed_give_the_unpacked_bits(
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, block_dot: str
+) -> None:
+    """Q5_0 attention and head, Q5_1 gate/up (q8 blocks packed compact with their scales a
+    block, "q5b") packed or not: the same tokens and logits, bit for bit."""
+    path = tmp_path / "small_rows_k_m.gguf"
+    write_tiny(path, "llama", **SMALL_ROWS_K_M)  # type: ignore[arg-type]
+    out = {}
+    for pack in (True, False):
+        kinds = frozenset({"q4", "q6", "q8"} if pack else ())
+        monkeypatch.setattr(lean_runner, "packed_kinds", lambda kinds=kinds: kinds)
+        r = runner(path, tokenizer, block_dot=block_dot)
+        layer = r.weights.layers[0].matrices
+        for name in ("qkv_w", "o_w", "gate_up_w"):
+            assert layer[name].kind == ("q5b" if pack else "q8")  # type: ignore[union-attr]
+        assert r.weights.head.kind == ("q5b" if pack else "q8")  # type: ignore[union-attr]
+        assert layer["gate_up_w"].offset is not None  # type: ignore[union-attr]
+        out[pack] = greedy(r)
+    assert out[True][0] == out[False][0]
+    assert out[True][1].tobytes() == out[False][1].tobytes()
 
 
 def test_a_tied_q6_k_embedding_runs_lean_as_its_float64_forward(

@@ -1,5 +1,5 @@
-"""4-bit and q6 matrices packed for the CPU decoder (runner/packed_blocks.py, ``Blocks`` kinds
-"q4p" and "q6p", q6 compact):
+"""4-bit, q6 and q5 matrices packed for the CPU decoder (runner/packed_blocks.py, ``Blocks`` kinds
+"q4p", "q6p", "q5p" and "q5b", all but q4 compact):
 the Rust packer's layout read back by ``unpacked`` (blocks lane by lane, a row length that
 leaves the lanes uneven), fusing and dequantising a packed matrix, what is refused, when the
 lean runner packs, and its logits bit for bit those of the unpacked weights on the real
@@ -58,15 +58,46 @@ def q5k(rows: int, blocks: int, seed: int) -> Blocks:
     return Blocks("q8", qs, np.ascontiguousarray(scale), np.ascontiguousarray(offset))
 
 
-# each kind's maker, its packed kind and bytes a row's block and run of 8 blocks take packed
-MAKERS = {"q4": (q4, "q4p", 24, 0), "q6": (q6, "q6p", 26, 4), "q8": (q5k, "q5p", 22, 8)}
+def q5(rows: int, blocks: int, seed: int, offsets: bool) -> Blocks:
+    """A "q8" matrix as the loader makes one from Q5_1 (``offsets``: quants 0..32, an f16 scale
+    and min a block) or Q5_0 (quants -16..16, an f16 scale a block)."""
+    rng = np.random.default_rng(seed)
+    low = 0 if offsets else -16
+    qs = rng.integers(low, low + 32, (rows, blocks * 32), dtype=np.int8)
+    qs[0, :2] = [low, low + 31]  # both ends of the window
+    scale, offset = rng.standard_normal((2, rows, blocks)).astype(np.float16).astype(np.float32)
+    return Blocks("q8", qs, scale, offset if offsets else None)
 
 
-@pytest.mark.parametrize("kind", ["q4", "q6", "q8"])
+def q5_0(rows: int, blocks: int, seed: int) -> Blocks:
+    return q5(rows, blocks, seed, offsets=False)
+
+
+def q5_1(rows: int, blocks: int, seed: int) -> Blocks:
+    return q5(rows, blocks, seed, offsets=True)
+
+
+# each maker: the packed kind, bytes a row's block and run of 8 blocks take packed, and the
+# values a block beside them (q4, q5b: its scale and offset as the row layout's)
+MAKERS = {
+    "q4": (q4, "q4p", 24, 0),
+    "q6": (q6, "q6p", 26, 4),
+    "q5k": (q5k, "q5p", 22, 8),
+    "q5_0": (q5_0, "q5b", 24, 0),
+    "q5_1": (q5_1, "q5b", 28, 0),
+}
+
+
+@pytest.mark.parametrize("maker", list(MAKERS))
 @pytest.mark.parametrize("blocks", [1, 8, 13, 64])
-def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> None:
-    make, packed_kind, block_bytes, run_bytes = MAKERS[kind]
+def test_packing_round_trips_and_moves_every_block(maker: str, blocks: int) -> None:
+    make, packed_kind, block_bytes, run_bytes = MAKERS[maker]
+    if maker == "q5_1" and blocks == 1:
+        # one block a row: its scale and offset are one f32 times an int8 each, trivially, so
+        # the more compact form takes it
+        packed_kind, block_bytes, run_bytes = MAKERS["q5k"][1:]
     m = make(48, blocks, blocks)
+    kind = m.kind
     p = m.packed()
     assert p.kind == packed_kind and p.shape == m.shape
     # q4 as it was; q6 and q5 compact (the row layout: 40 bytes a block)
@@ -74,7 +105,7 @@ def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> No
     if blocks > 1:  # another order: not the same bytes in place
         assert not np.array_equal(p.qs, m.qs)
     back = p.unpacked()
-    assert back.kind == kind and (back.offset is None) == (kind == "q6")
+    assert back.kind == kind and (back.offset is None) == (m.offset is None)
     for a, b in ((back.qs, m.qs), (back.scale, m.scale)):
         assert a.dtype == b.dtype and np.array_equal(a, b)  # type: ignore[arg-type]
     if m.offset is not None:
@@ -89,8 +120,10 @@ def test_packing_round_trips_and_moves_every_block(kind: str, blocks: int) -> No
         at = (blocks * 4 * PACK + 1) * 4
         assert np.array_equal(flat[at : at + 4], m.qs[17, :4])
     else:
-        at = blocks * block_bytes * PACK + 4
-        want = (m.qs[17, :4].astype(np.int16) + (32 if kind == "q6" else 0)) & 15
+        quant_bytes = 20 if packed_kind == "q5b" else block_bytes
+        at = blocks * quant_bytes * PACK + 4
+        bias = {"q6": 32, "q5_0": 16}.get(maker, 0)  # what the stored quant adds
+        want = (m.qs[17, :4].astype(np.int16) + bias) & 15
         assert np.array_equal(flat[at : at + 4] & 15, want)
 
 
@@ -103,18 +136,21 @@ def test_q6_that_no_k_quant_gave_stays_in_the_row_layout() -> None:
     assert packed(m, frozenset({"q6"})).kind == "q6p"
 
 
-def test_only_q5_ks_q8_blocks_pack() -> None:
+def test_q8_blocks_pack_by_what_their_file_held() -> None:
     m = q5k(16, 9, 5)
-    assert packed(m, frozenset({"q8"})).kind == "q5p"
-    q8_0 = Blocks("q8", m.qs, m.scale, None)  # Q8_0's, Q5_0's: no offsets
-    assert packed(q8_0, frozenset({"q8"})) is q8_0
-    # Q5_1's: an f16 scale and min per block, no d per 256 weights
+    assert packed(m, frozenset({"q8"})).kind == "q5p"  # Q5_K's: int8s times a d per 256
+    # Q5_1's: an f16 scale and min a block, no d per 256 weights: five bits, values a block
     rng = np.random.default_rng(2)
     f16 = rng.standard_normal(m.scale.shape).astype(np.float16).astype(np.float32)
-    q5_1 = Blocks("q8", m.qs, f16, m.offset)
-    with pytest.raises(ValueError, match="int8"):
-        q5_1.packed()
-    assert packed(q5_1, frozenset({"q8"})) is q5_1
+    assert packed(Blocks("q8", m.qs, f16, m.offset), frozenset({"q8"})).kind == "q5b"
+    assert packed(q5_0(16, 9, 6), frozenset({"q8"})).kind == "q5b"
+    # Q8_0's (the full range), and quants outside the five bits a kind's window allows, stay
+    full = rng.integers(-128, 128, m.qs.shape, dtype=np.int8)
+    for odd in (Blocks("q8", full, f16, None), Blocks("q8", m.qs, f16, None)):
+        with pytest.raises(ValueError, match="only"):
+            odd.packed()
+        assert packed(odd, frozenset({"q8"})) is odd
+    assert packed(q5_0(16, 9, 6), frozenset({"q4", "q6"})).kind == "q8"  # not asked for
 
 
 def test_positions_go_lane_by_lane() -> None:
@@ -151,9 +187,9 @@ def test_packed_parts_fuse_as_the_packed_whole() -> None:
 def test_what_cannot_be_packed_is_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 16"):
         q4(24, 2, 0).packed()
-    q8 = Blocks("q8", np.zeros((16, 64), np.int8), np.ones((16, 2), np.float32), None)
-    with pytest.raises(ValueError, match="q8"):
-        q8.packed()
+    q8 = Blocks("q8", np.full((16, 64), 16, np.int8), np.ones((16, 2), np.float32), None)
+    with pytest.raises(ValueError, match=r"q8 quants in -16\.\.16 only"):
+        q8.packed()  # no offsets, so Q5_0's window; 16 lies outside it
     with pytest.raises(ValueError, match="q4p"):
         q4(16, 2, 0).packed().packed()
 

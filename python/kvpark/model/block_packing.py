@@ -1,13 +1,16 @@
 """Block matrices packed for the CPU decoder's side-by-side kernels, and back: the arrays of the
-``Blocks`` kinds "q4p", "q6p" and "q5p" (the Rust crate's ``packed`` and ``packed_q5`` modules
-document the bytes; the packing itself runs there, the unpacking, for the readers that want
-the row layout, here in numpy).
+``Blocks`` kinds "q4p", "q6p", "q5p" and "q5b" (the Rust crate's ``packed``, ``packed_q5`` and
+``packed_q5_blocks`` modules document the bytes; the packing itself runs there, the unpacking,
+for the readers that want the row layout, here in numpy).
 
 Per group of ``PACK`` rows, blocks lie lane by lane of the int8 combine (``pack_position``),
 each block its operand vectors. "q4p" holds a "q4" matrix's own bytes and values in that order;
 "q6p" and "q5p" are compact, as their K-quant files held them: six (Q6_K, Q3_K) or five (Q5_K)
 bits a quant with int8 scales (and offsets) per block, and an f32 ``d`` (and ``dmin``) per row
-and 256 weights, where the loader's row layout takes a byte a quant and f32 values.
+and 256 weights, where the loader's row layout takes a byte a quant and f32 values. "q5b"
+(Q5_0's and Q5_1's "q8") is five bits a quant, stored less ``Q5B_LOW`` (-16 without offsets,
+0 with), beside the row layout's f32 scale (and offset) a block in "q4p"'s order: their f16
+scales are no K-quant's int8s times a ``d``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ SUPER = 8  # blocks of a compact row that share one d (and dmin): a K-quant supe
 Q6P_ROW_BYTES = 26  # a "q6p" row's block: 32 six-bit quants and two int8 scales
 Q5P_ROW_BYTES = 22  # a "q5p" row's block: 32 five-bit quants, an int8 scale and offset
 ROW_BYTES = {"q6p": Q6P_ROW_BYTES, "q5p": Q5P_ROW_BYTES}
+Q5B_ROW_BYTES = 20  # a "q5b" row's block: 32 five-bit quants
+# what a "q5b" matrix's quants are stored less: Q5_0's (no offsets) are in -16..16, Q5_1's in 0..32
+Q5B_LOW = {False: -16, True: 0}  # keyed by whether it has offsets
 
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
@@ -40,10 +46,43 @@ def pack_position(blocks: int) -> npt.NDArray[np.intp]:
     return at
 
 
-def packed_arrays(kind: str, arrays: Arrays, out: int, inp: int) -> Arrays:
-    """A "q4", "q6" or "q8" (Q5_K's, with offsets) matrix's arrays, its shape ``[out, inp]``
-    (``out`` a multiple of ``PACK``), packed into fresh ones; ValueError (from the packer) for a
-    q6 or q8 one no K-quant gave."""
+def packed_arrays(kind: str, arrays: Arrays, out: int, inp: int) -> tuple[str, Arrays]:
+    """A "q4", "q6" or "q8" matrix's arrays, its shape ``[out, inp]`` (``out`` a multiple of
+    ``PACK``), packed into fresh ones, and their kind: "q4p", "q6p", or for "q8" "q5p" where
+    its scales and offsets are a K-quant's (Q5_K's) else "q5b" where its quants span the five
+    bits of Q5_0's or Q5_1's; ValueError (from the packer) for a q6 one no K-quant gave or a q8
+    one of neither (Q8_0's)."""
+    if kind == "q8":
+        if arrays[2] is not None:
+            try:
+                return "q5p", _packed("q8", arrays, out, inp)
+            except ValueError:
+                pass  # a Q5_1's f16 scales: its blocks' own values, below
+        return "q5b", _packed_q5b(arrays, out, inp)
+    return kind + "p", _packed(kind, arrays, out, inp)
+
+
+def _packed_q5b(arrays: Arrays, out: int, inp: int) -> Arrays:
+    """A "q8" matrix whose quants lie in ``Q5B_LOW``'s window packed as "q5b"; ValueError for
+    one whose do not."""
+    qs, scale, offset = arrays
+    low = Q5B_LOW[offset is not None]
+    q = np.ascontiguousarray(qs).view(np.int8)
+    if q.size and (int(q.min()) < low or int(q.max()) >= low + 32):
+        raise ValueError(f"packs q8 quants in {low}..{low + 32} only (Q5_0's, Q5_1's)")
+    src: list[npt.NDArray[np.generic]] = [q, np.ascontiguousarray(scale)]
+    if offset is not None:
+        src.append(np.ascontiguousarray(offset))
+    dst_qs = np.empty((out, inp // BLOCK * Q5B_ROW_BYTES), np.uint8)
+    values = [np.empty((out, inp // BLOCK), np.float32) for _ in src[1:]]
+    a = [int(x.ctypes.data) for x in src] + [0]
+    b = [int(dst_qs.ctypes.data)] + [int(v.ctypes.data) for v in values] + [0]
+    _core._cpu_pack_q5_blocks(a[0], a[1], a[2], out, inp, low, b[0], b[1], b[2])
+    return dst_qs, values[0], values[1] if len(values) > 1 else None
+
+
+def _packed(kind: str, arrays: Arrays, out: int, inp: int) -> Arrays:
+    """``packed_arrays`` for "q4", "q6" and Q5_K's "q8"."""
     qs, scale, offset = arrays
     src = [np.ascontiguousarray(a) for a in (qs, scale, offset) if a is not None]
     blocks = inp // BLOCK
@@ -70,11 +109,17 @@ def packed_arrays(kind: str, arrays: Arrays, out: int, inp: int) -> Arrays:
 
 
 def unpacked_arrays(kind: str, arrays: Arrays, out: int, inp: int) -> Arrays:
-    """A "q4p", "q6p" or "q5p" matrix's arrays back in the row layout of the "q4", "q6" or "q8"
-    one it packs: each group's blocks from their positions back to [row, block]."""
+    """A "q4p", "q6p", "q5p" or "q5b" matrix's arrays back in the row layout of the "q4", "q6"
+    or "q8" one it packs: each group's blocks from their positions back to [row, block]."""
     qs, scale, offset = arrays
     groups, blocks = out // PACK, inp // BLOCK
     at = pack_position(blocks)
+    if kind == "q5b":
+        b = qs.reshape(groups, blocks, Q5B_ROW_BYTES * PACK)[:, at]
+        u = _five_bits(b.view(np.uint8), groups, blocks) + np.int8(Q5B_LOW[offset is not None])
+        rows = np.ascontiguousarray(u.transpose(0, 3, 1, 2, 4)).reshape(out, inp)
+        back = None if offset is None else _values(offset, groups, blocks, at)
+        return rows, _values(scale, groups, blocks, at), back
     if kind == "q4p":
         quads = qs.reshape(groups, blocks, 4, PACK, 4)[:, at].transpose(0, 3, 1, 2, 4)
         assert offset is not None
@@ -91,9 +136,7 @@ def unpacked_arrays(kind: str, arrays: Arrays, out: int, inp: int) -> Arrays:
         ints = b[..., 384:416].view(np.int8).reshape(groups, blocks, 2, PACK)
         per = [_per_block(scale, groups, blocks)] * 2
     else:
-        top = b[..., 256:320].reshape(groups, blocks, 1, PACK, 4)
-        high = (top >> t.astype(np.uint8)[:, None, None]) & 1
-        u = (nib | (high << 4)).view(np.int8)  # 0..32
+        u = _five_bits(b.view(np.uint8), groups, blocks)  # 0..32
         ints = b[..., 320:352].view(np.int8).reshape(groups, blocks, 2, PACK)
         assert offset is not None
         per = [_per_block(scale, groups, blocks), _per_block(offset, groups, blocks)]
@@ -105,6 +148,17 @@ def unpacked_arrays(kind: str, arrays: Arrays, out: int, inp: int) -> Arrays:
         both = np.stack(values, axis=-1).reshape(out, 2 * blocks)
         return rows, np.ascontiguousarray(both), None
     return rows, values[0], values[1]
+
+
+def _five_bits(b: npt.NDArray[np.uint8], groups: int, blocks: int) -> npt.NDArray[np.int8]:
+    """The five-bit quants of packed blocks ``b`` [group, block, byte] (a "q5p" or "q5b"
+    block's first 320 bytes) as int8 [group, block, quad, row, byte of the quad]."""
+    low = b[..., :256].reshape(groups, blocks, 4, PACK, 4)  # [.., j, row, e]
+    t = np.arange(8)
+    nib = (low[:, :, t % 4] >> (4 * (t // 4)).astype(np.uint8)[:, None, None]) & 15
+    top = b[..., 256:320].reshape(groups, blocks, 1, PACK, 4)
+    high = (top >> t.astype(np.uint8)[:, None, None]) & 1
+    return cast("npt.NDArray[np.int8]", (nib | (high << 4)).view(np.int8))
 
 
 def _values(v: F32, groups: int, blocks: int, at: npt.NDArray[np.intp]) -> F32:

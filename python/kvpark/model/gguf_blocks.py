@@ -38,9 +38,8 @@ BLOCK_TYPES = (Q4_0, Q4_1, Q8_0)
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 
 
-# each packed kind and the kind it packs
-PACKED = {"q4p": "q4", "q6p": "q6", "q5p": "q8"}
-UNPACKED = {v: k for k, v in PACKED.items()}
+# each packed kind and the kind it packs (a "q8" matrix packs as "q5p" or "q5b")
+PACKED = {"q4p": "q4", "q6p": "q6", "q5p": "q8", "q5b": "q8"}
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,11 @@ class Blocks:
     group's as [run of 256, row]: each scale is ``d * sc``, exact), no offset.
     ``kind`` "q5p": a Q5_K's "q8" matrix (quants 0..32, offsets) packed so: ``qs`` [out, in *
     11 / 16] uint8 (five bits a quant, an int8 scale and offset per block: 22 bytes a row),
-    ``scale`` and ``offset`` its ``d`` and ``dmin`` as "q6p"'s ``d``. (model/block_packing.py)
-    Rows of ``PACK`` stay together in both, so ``cat`` holds as it is; ``rows`` and
+    ``scale`` and ``offset`` its ``d`` and ``dmin`` as "q6p"'s ``d``.
+    ``kind`` "q5b": a Q5_0's or Q5_1's "q8" matrix (quants in -16..16 without offsets, 0..32
+    with them) packed so: ``qs`` [out, in * 5 / 8] uint8 (five bits a quant, the quant less -16
+    or 0: 20 bytes a block a row), ``scale`` and ``offset`` as "q4p"'s. (model/block_packing.py)
+    Rows of ``PACK`` stay together in all of them, so ``cat`` holds as it is; ``rows`` and
     ``dequantize`` read them ``unpacked``.
     """
 
@@ -116,21 +118,23 @@ class Blocks:
         return (scale * q + self.offset.reshape(-1, 1)).reshape(out, inp)
 
     def packed(self) -> Blocks:
-        """A "q4", "q6" or "q8" (Q5_K's) matrix of a multiple of ``PACK`` rows as "q4p", "q6p"
-        or "q5p", in fresh arrays; ValueError for another kind, or a q6 or q8 one no K-quant
-        gave (model/block_packing.py)."""
+        """A "q4", "q6" or "q8" matrix of a multiple of ``PACK`` rows as "q4p", "q6p", or
+        "q5p" (Q5_K's) or "q5b" (Q5_0's, Q5_1's), in fresh arrays; ValueError for another kind,
+        a q6 one no K-quant gave, or a q8 one of neither (Q8_0's: model/block_packing.py)."""
         out, inp = self.shape
-        if self.kind not in UNPACKED or out % PACK:
+        if self.kind not in ("q4", "q6", "q8") or out % PACK:
             raise ValueError(
                 f"packs q4, q6 and q8 matrices of a multiple of {PACK} rows, not {self.kind} "
                 f"{self.shape}"
             )
-        qs, scale, offset = packed_arrays(self.kind, (self.qs, self.scale, self.offset), out, inp)
-        return Blocks(UNPACKED[self.kind], qs, scale, offset)
+        kind, (qs, scale, offset) = packed_arrays(
+            self.kind, (self.qs, self.scale, self.offset), out, inp
+        )
+        return Blocks(kind, qs, scale, offset)
 
     def unpacked(self) -> Blocks:
-        """A "q4p", "q6p" or "q5p" matrix as the "q4", "q6" or "q8" one it packs, bit for
-        bit."""
+        """A "q4p", "q6p", "q5p" or "q5b" matrix as the "q4", "q6" or "q8" one it packs, bit
+        for bit."""
         assert self.kind in PACKED
         out, inp = self.shape
         arrays = unpacked_arrays(self.kind, (self.qs, self.scale, self.offset), out, inp)

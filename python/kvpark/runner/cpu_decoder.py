@@ -41,6 +41,7 @@ _BLOCKS: dict[str, tuple[type[np.generic], str]] = {
     "q6": (np.int8, "6"),
     "q6p": (np.uint8, "P"),  # compact: six bits a quant, int8 scales
     "q5p": (np.uint8, "Q"),  # Q5_K's q8 compact: five bits a quant, int8 scales and offsets
+    "q5b": (np.uint8, "B"),  # Q5_0's and Q5_1's q8 compact: five bits, a scale (offset) a block
     "iq4": (np.uint8, "i"),
 }
 

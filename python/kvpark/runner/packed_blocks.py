@@ -1,6 +1,7 @@
-"""The lean runner's q4, q6 and Q5_K matrices packed as each is read, into the layout its
-side-by-side kernels read without transposing (``Blocks`` kinds "q4p", "q6p" and "q5p";
-model/block_packing.py, and the Rust crate's ``packed`` and ``packed_q5`` modules, define it).
+"""The lean runner's q4, q6, Q5_K, Q5_0 and Q5_1 matrices packed as each is read, into the layout
+its side-by-side kernels read without transposing (``Blocks`` kinds "q4p", "q6p", "q5p" and
+"q5b"; model/block_packing.py, and the Rust crate's ``packed``, ``packed_q5`` and
+``packed_q5_blocks`` modules, define it).
 
 Why: at several rows (chats decoding together) the side-by-side kernels multiply sixteen
 (AVX-512 VNNI) or eight (AVX2) columns at once from vectors holding four weights of each
@@ -10,8 +11,11 @@ one row takes them too (on a Llama-1B-shaped Q4_K_M, AVX-512: eight chats +26 %,
 AVX2: eight chats +13-17 %, one +3 % for q4 alone). q6 (Q6_K, Q3_K) and Q5_K's q8 blocks pack
 compact, six or five bits a quant with int8 scales (and offsets) as their files held them,
 where the loader's row layout takes a byte a quant and f32 values (10 bits a weight against
-the file's 6.5 or 5.5: peak memory and a memory-bound single stream pay for each); a q6 or q8
-matrix whose values no K-quant gave (Q8_0's, Q5_0's, Q5_1's) stays as it is. A kernel that
+the file's 6.5 or 5.5: peak memory and a memory-bound single stream pay for each); Q5_0's and
+Q5_1's (SmolLM2's Q4_K_M and Q5_K_M files are mostly those) five bits a quant beside an f32
+scale (and offset) a block, 6 or 7 bits a weight where the row layout takes 9 or 10. A q6
+matrix whose values no K-quant gave, and a q8 one of full range (Q8_0's), stay as they are.
+A kernel that
 cannot read a packed matrix gets it unpacked a group at a time (same bits, slower), so only
 the kinds this CPU's kernels read are packed (``packed_kinds``). A matrix whose rows (its output
 columns) are not a multiple of 16 stays as it is. ``KVPARK_CPU_PACK=off`` keeps every matrix in
@@ -31,7 +35,8 @@ from kvpark.model.weight_arrays import Matrix, NumpyWeights, Stacked
 
 def packed_kinds() -> frozenset[str]:
     """The block kinds the lean runner packs on this CPU (under ``KVPARK_CPU_ISA``): "q4",
-    "q6" and "q8" (Q5_K's) wherever an int8 kernel reads them in place (AVX-512 VNNI:
+    "q6" and "q8" (Q5_K's, Q5_0's, Q5_1's) wherever an int8 kernel reads them in place (AVX-512
+    VNNI:
     ``wide_packed.rs``; AVX2: ``side_by_side_packed.rs`` and ``wide_avx2_packed.rs``), none on
     the portable kernel; none with ``KVPARK_CPU_PACK=off`` or ``KVPARK_CPU_SIDE_BY_SIDE=off``,
     "q4" alone with ``KVPARK_CPU_WIDE=off`` (the kernels that read the others turned off)."""
@@ -70,13 +75,13 @@ def packed(m: Matrix, kinds: frozenset[str]) -> Matrix:
 def packed_blocks(m: Blocks, kinds: frozenset[str]) -> Blocks:
     """One block matrix ``m`` packed where it is of one of ``kinds`` and a multiple of ``PACK``
     rows, else ``m``."""
-    if m.kind not in kinds or m.shape[0] % PACK or (m.kind == "q8" and m.offset is None):
-        return m  # q8 without offsets: Q8_0's, Q5_0's (only Q5_K's pack)
+    if m.kind not in kinds or m.shape[0] % PACK:
+        return m
     try:
         return m.packed()
     except ValueError:
-        # a q6 or q8 matrix no K-quant gave (Q5_1's f16 scales, say) cannot be packed
-        # compact: it keeps the row layout, which every kernel reads
+        # a q6 matrix no K-quant gave, or a q8 one of the full range (Q8_0's), cannot be
+        # packed compact: it keeps the row layout, which every kernel reads
         if m.kind == "q4":
             raise
         return m

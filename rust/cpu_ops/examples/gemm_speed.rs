@@ -8,7 +8,7 @@
 //! select the kernels, as everywhere.
 use kvpark_cpu_ops::{
     matmul_dense, matmul_i8, set_threads, DenseKernel, DenseValues, DenseWeights, I8Kernel,
-    I8Scratch, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights,
+    I8Scratch, Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights,
 };
 use std::time::Instant;
 
@@ -76,7 +76,7 @@ impl Matrix {
                 n,
                 k,
                 low: None,
-                packed: false,
+                packed: Q8Packing::Rows,
             }),
             Kind::Q6 => Weights::Q6(Q6Weights {
                 qs: signed,

@@ -8,7 +8,7 @@
 //! median microseconds per product.
 use kvpark_cpu_ops::{
     matmul_i8, matmul_q4, matmul_q6, matmul_q8, set_threads, I8Kernel, I8Scratch, Q4Weights,
-    Q6Weights, Q8Weights, Weights,
+    Q6Weights, Q8Packing, Q8Weights, Weights,
 };
 use std::time::Instant;
 
@@ -50,7 +50,7 @@ fn weights<'a>(s: &Shape, c: &'a Copy) -> Weights<'a> {
             n,
             k,
             low: None,
-            packed: false,
+            packed: Q8Packing::Rows,
         }),
         Kind::Q6 => Weights::Q6(Q6Weights {
             qs: signed,

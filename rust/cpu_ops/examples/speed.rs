@@ -1,6 +1,6 @@
 //! Times the block products over the default model's 30 layers (SmolLM2-135M shapes, Q4 layers
 //! and a Q8 head, ~86 MB, so nothing stays in cache): `cargo run --release --example speed`.
-use kvpark_cpu_ops::{matmul_q4, matmul_q8, set_threads, Q4Weights, Q8Weights};
+use kvpark_cpu_ops::{matmul_q4, matmul_q8, set_threads, Q4Weights, Q8Packing, Q8Weights};
 use std::time::Instant;
 
 struct Q4 {
@@ -58,7 +58,7 @@ fn main() {
                     n: hn,
                     k: hk,
                     low: None,
-                    packed: false,
+                    packed: Q8Packing::Rows,
                 };
                 let start = Instant::now();
                 matmul_q8(&x[..rows * hk], rows, head, &mut y).unwrap();

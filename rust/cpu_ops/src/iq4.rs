@@ -15,7 +15,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::threads::Output;
-use crate::weights::{Iq4Weights, Q8Weights, Weights, BLOCK};
+use crate::weights::{Iq4Weights, Q8Packing, Q8Weights, Weights, BLOCK};
 
 /// The values a nibble indexes (the GGUF format's IQ4 table, llama.cpp's `kvalues_iq4nl`).
 pub const IQ4_TABLE: [i8; 16] = [
@@ -56,7 +56,7 @@ pub(crate) fn expanded_columns(
                 n: m,
                 k,
                 low: None, // the table's values span more than 32
-                packed: false,
+                packed: Q8Packing::Rows,
             };
             kernel(Weights::Q8(q8), 0..m, &Output::new(&mut out[..rows * m]));
             for (r, values) in out[..rows * m].chunks_exact(m).enumerate() {

@@ -49,6 +49,7 @@ pub(crate) mod lane_tree;
 mod norm;
 pub mod packed;
 pub mod packed_q5;
+pub mod packed_q5_blocks;
 mod plain;
 mod product;
 mod shape;
@@ -63,12 +64,13 @@ pub use iq4::IQ4_TABLE;
 pub use norm::rms_norm;
 pub use packed::{pack_q4, pack_q6, q6_packed_lengths, PACK};
 pub use packed_q5::{pack_q5, q5_packed_lengths};
+pub use packed_q5_blocks::{pack_q5_blocks, q5b_packed_lengths};
 pub use shape::ShapeError;
 pub use threads::set_threads;
 pub use tiling::ROW_TILE;
 pub use weights::{
-    narrow_low, DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights,
-    BLOCK, Q6_GROUP,
+    narrow_low, DenseValues, DenseWeights, Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights,
+    Weights, BLOCK, Q6_GROUP,
 };
 
 use product::product;

@@ -45,7 +45,7 @@ use std::ops::Range;
 use crate::int8::LANES;
 use crate::shape::{check, ShapeError};
 use crate::threads::Output;
-use crate::weights::{Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP};
+use crate::weights::{Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights, BLOCK, Q6_GROUP};
 
 /// Columns per group of a packed matrix: the sixteen lanes of a 512-bit vector.
 pub const PACK: usize = 16;
@@ -385,7 +385,7 @@ pub(crate) fn unpacked_columns(
                     offset.resize(m * blocks, 0.0);
                     for i in 0..m {
                         for b in 0..blocks {
-                            let (q, s, o) = crate::packed_q5::q5_block(&w, c + i, b);
+                            let (q, s, o) = crate::packed_q5::either_block(&w, c + i, b);
                             let at = i * blocks + b;
                             for (to, q) in qs[at * BLOCK..(at + 1) * BLOCK].iter_mut().zip(q) {
                                 *to = q as u8;
@@ -399,11 +399,11 @@ pub(crate) fn unpacked_columns(
                     Weights::Q8(Q8Weights {
                         qs: signed,
                         scale: &scale[..m * blocks],
-                        offset: Some(&offset[..m * blocks]),
+                        offset: w.offset.map(|_| &offset[..m * blocks]),
                         n: m,
                         k,
-                        low: Some(0), // every quant in 0..32
-                        packed: false,
+                        low: w.low, // every quant in low..low + 32
+                        packed: Q8Packing::Rows,
                     })
                 }
                 _ => unreachable!("only q4, q6 and q5 (q8 blocks) matrices are packed"),

@@ -24,7 +24,7 @@
 
 use crate::packed::{int8_scales, packable, position, PACK, SUPER};
 use crate::shape::ShapeError;
-use crate::weights::{Q8Weights, BLOCK};
+use crate::weights::{Q8Packing, Q8Weights, BLOCK};
 
 /// Bytes of a packed q5 group's block: sixteen columns' 32 five-bit quants, int8 scale and
 /// offset.
@@ -53,18 +53,20 @@ pub(crate) fn q5_block(w: &Q8Weights<'_>, c: usize, b: usize) -> ([i8; BLOCK], f
     let at = q5_at(blocks, c, b);
     let byte = |o: usize| w.qs[at + o] as u8;
     let i = c % PACK;
-    let mut qs = [0i8; BLOCK];
-    for (t, quad) in qs.chunks_exact_mut(4).enumerate() {
-        for (e, q) in quad.iter_mut().enumerate() {
-            let low = byte(64 * (t % 4) + 4 * i + e) >> (4 * (t / 4)) & 0x0f;
-            let high = byte(256 + 4 * i + e) >> t & 1;
-            *q = (low | high << 4) as i8;
-        }
-    }
+    let qs = quants(&w.qs[at..], i).map(|u| u as i8);
     let v = crate::packed::super_at(blocks, c, b);
     let offset = w.offset.expect("a packed q5 matrix has offsets");
     let scale = w.scale[v] * f32::from(byte(320 + i) as i8);
     (qs, scale, offset[v] * f32::from(byte(336 + i) as i8))
+}
+
+/// Column `c`'s block `b` of a packed q5 matrix of either layout (`Q5Super` here, `Q5Blocks` in
+/// `packed_q5_blocks`): its quants, scale and offset (0 for none) as the row layout holds them.
+pub(crate) fn either_block(w: &Q8Weights<'_>, c: usize, b: usize) -> ([i8; BLOCK], f32, f32) {
+    match w.packed {
+        Q8Packing::Q5Blocks => crate::packed_q5_blocks::q5b_block(w, c, b),
+        _ => q5_block(w, c, b),
+    }
 }
 
 /// Packs the q8 `w` (row layout, with offsets) into `qs`, `scale` (its `d`) and `offset` (its
@@ -85,7 +87,7 @@ pub fn pack_q5(
     };
     let blocks = w.n * w.k / BLOCK;
     packable(
-        w.packed,
+        w.packed != Q8Packing::Rows,
         w.n,
         w.k,
         &[
@@ -120,17 +122,36 @@ pub fn pack_q5(
             }
         }
         for b in 0..blocks {
-            let (at, i) = (q5_at(blocks, c, b), c % PACK);
-            let u = |t: usize, e: usize| w.qs[(c * blocks + b) * BLOCK + 4 * t + e] as u8;
-            for e in 0..4 {
-                for j in 0..4 {
-                    let byte = u(j, e) & 0x0f | (u(j + 4, e) & 0x0f) << 4;
-                    qs[at + 64 * j + 4 * i + e] = byte as i8;
-                }
-                let top = (0..8).fold(0u8, |acc, t| acc | (u(t, e) >> 4) << t);
-                qs[at + 256 + 4 * i + e] = top as i8;
-            }
+            let from = (c * blocks + b) * BLOCK;
+            put_quants(&mut qs[q5_at(blocks, c, b)..], c % PACK, |j| {
+                w.qs[from + j] as u8
+            });
         }
     }
     Ok(())
+}
+
+/// Column `i`'s 32 five-bit quants of the packed block whose bytes start `block`: bytes `64 j + 4
+/// i + e` hold quad `j`'s low nibble (weight `4 j + e`) and quad `j + 4`'s in the high one,
+/// bytes `256 + 4 i + e` bit `t` quad `t`'s fifth bit. Shared with `packed_q5_blocks`.
+pub(crate) fn quants(block: &[i8], i: usize) -> [u8; BLOCK] {
+    std::array::from_fn(|w| {
+        let (t, e) = (w / 4, w % 4);
+        let low = block[64 * (t % 4) + 4 * i + e] as u8 >> (4 * (t / 4)) & 0x0f;
+        let high = block[256 + 4 * i + e] as u8 >> t & 1;
+        low | high << 4
+    })
+}
+
+/// Writes column `i`'s 32 quants `u(w)` (each in 0..32) into the packed block whose bytes
+/// start `block`, as [`quants`] reads them (the other columns' bits kept).
+pub(crate) fn put_quants(block: &mut [i8], i: usize, u: impl Fn(usize) -> u8) {
+    for e in 0..4 {
+        for j in 0..4 {
+            let byte = u(4 * j + e) & 0x0f | (u(4 * (j + 4) + e) & 0x0f) << 4;
+            block[64 * j + 4 * i + e] = byte as i8;
+        }
+        let top = (0..8).fold(0u8, |acc, t| acc | (u(4 * t + e) >> 4) << t);
+        block[256 + 4 * i + e] = top as i8;
+    }
 }

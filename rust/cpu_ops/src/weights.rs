@@ -38,9 +38,22 @@ pub struct Q8Weights<'a> {
     /// i16, where full-range ones need a `vpmaddwd` per pair (`int8/wide_avx2.rs`). Same bits
     /// either way; a wrong `m` gives wrong sums (no unsafety), so only [`narrow_low`] sets it.
     pub low: Option<i8>,
-    /// In [`crate::packed_q5`]'s compact layout (Q5_K's blocks: `scale` and `offset` then hold
-    /// the `d` and `dmin` per column and 256 weights, `qs` the five-bit quants and int8 scales).
-    pub packed: bool,
+    /// Row by row, or packed compact at load (five bits a quant).
+    pub packed: Q8Packing,
+}
+
+/// How a [`Q8Weights`] lies: the row layout, or one of the five-bit layouts packed at load (in
+/// [`crate::packed`]'s groups, read in place by the side-by-side kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q8Packing {
+    /// `[n, k]` quants, a scale (and offset) a block.
+    Rows,
+    /// Q5_K's blocks ([`crate::packed_q5`]): quants 0..32, `scale` and `offset` the `d` and
+    /// `dmin` per column and 256 weights, `qs` the five-bit quants and int8 scales and offsets.
+    Q5Super,
+    /// Q5_0's and Q5_1's ([`crate::packed_q5_blocks`]): quants `q - low` in 0..32, the row
+    /// layout's f32 scale (and offset) a block beside them.
+    Q5Blocks,
 }
 
 /// The `m` of [`Q8Weights::low`] (`span` 32) or [`Q6Weights::low`] (`span` 64) for these quants:
@@ -188,7 +201,7 @@ impl Weights<'_> {
         match self {
             Weights::Q4(w) => w.packed,
             Weights::Q6(w) => w.packed,
-            Weights::Q8(w) => w.packed,
+            Weights::Q8(w) => w.packed != Q8Packing::Rows,
             _ => false,
         }
     }
@@ -232,16 +245,19 @@ impl Weights<'_> {
             }
             Weights::Q8(w) => {
                 check_blocks(x, y, rows, n, k)?;
-                check_packed(w.packed, n)?;
-                let (qs, values) = if w.packed {
-                    crate::packed_q5::q5_packed_lengths(n, k)
-                } else {
-                    (n * k, n * k / BLOCK)
+                check_packed(w.packed != Q8Packing::Rows, n)?;
+                let (qs, values) = match w.packed {
+                    Q8Packing::Rows => (n * k, n * k / BLOCK),
+                    Q8Packing::Q5Super => crate::packed_q5::q5_packed_lengths(n, k),
+                    Q8Packing::Q5Blocks => crate::packed_q5_blocks::q5b_packed_lengths(n, k),
                 };
                 check("qs", w.qs.len(), qs)?;
                 check("scale", w.scale.len(), values)?;
-                if w.packed && w.offset.is_none() {
-                    return Err(ShapeError("a packed q5 matrix has offsets".into()));
+                if w.packed == Q8Packing::Q5Super && w.offset.is_none() {
+                    return Err(ShapeError("a packed Q5_K matrix has offsets".into()));
+                }
+                if w.packed == Q8Packing::Q5Blocks && w.low.is_none() {
+                    return Err(ShapeError("a packed q5 matrix has its low".into()));
                 }
                 w.offset
                     .map_or(Ok(()), |o| check("offset", o.len(), values))

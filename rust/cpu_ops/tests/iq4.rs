@@ -5,8 +5,8 @@
 mod support;
 
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_iq4, matmul_q8, set_threads, I8Kernel, I8Scratch, Iq4Weights, Q8Weights,
-    Weights, BLOCK, IQ4_TABLE,
+    matmul_i8, matmul_iq4, matmul_q8, set_threads, I8Kernel, I8Scratch, Iq4Weights, Q8Packing,
+    Q8Weights, Weights, BLOCK, IQ4_TABLE,
 };
 use proptest::prelude::*;
 use support::{activations, same, STYLES};
@@ -49,7 +49,7 @@ proptest! {
         let k = blocks * BLOCK;
         let (nibbles, scale, q) = iq4(n, k, seed);
         let w = Iq4Weights { qs: &nibbles, scale: &scale, n, k };
-        let q8 = Q8Weights { qs: &q, scale: &scale, offset: None, n, k, low: None, packed: false };
+        let q8 = Q8Weights { qs: &q, scale: &scale, offset: None, n, k, low: None, packed: Q8Packing::Rows };
         let mut seed2 = seed;
         let x = activations(rows, k, STYLES, &mut seed2);
         let mut scratch = I8Scratch::new();

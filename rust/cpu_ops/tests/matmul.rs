@@ -2,8 +2,8 @@
 //! for bit, over random shapes, row counts and thread counts.
 
 use kvpark_cpu_ops::{
-    matmul_q4, matmul_q4_plain, matmul_q8, matmul_q8_plain, set_threads, Q4Weights, Q8Weights,
-    BLOCK,
+    matmul_q4, matmul_q4_plain, matmul_q8, matmul_q8_plain, set_threads, Q4Weights, Q8Packing,
+    Q8Weights, BLOCK,
 };
 use proptest::prelude::*;
 
@@ -109,7 +109,7 @@ proptest! {
         let offset: Vec<f32> = (0..n * k / BLOCK).map(|_| unit(&mut s)).collect();
         let x = xs(rows, k, &mut s);
         let offset = with_offset.then_some(&offset[..]);
-        let w = Q8Weights { qs: &qs, scale: &scale, offset, n, k, low: None, packed: false };
+        let w = Q8Weights { qs: &qs, scale: &scale, offset, n, k, low: None, packed: Q8Packing::Rows };
         let mut y = vec![f32::NAN; rows * n];
         matmul_q8(&x, rows, w, &mut y).unwrap();
         let mut plain = vec![f32::NAN; rows * n];
@@ -192,7 +192,7 @@ fn one_hot_rows_read_back_the_dequantised_weights() {
             n,
             k,
             low: None,
-            packed: false,
+            packed: Q8Packing::Rows,
         };
         let (mut y4, mut y8) = (vec![0.0; k * n], vec![0.0; k * n]);
         let (mut p4, mut p8) = (vec![0.0; k * n], vec![0.0; k * n]);

@@ -1,4 +1,5 @@
-//! 4-bit, q6 and q5 matrices packed at load (`kvpark_cpu_ops::packed`, `packed_q5`): the layout is
+//! 4-bit, q6 and q5 matrices packed at load (`kvpark_cpu_ops::packed`, `packed_q5`,
+//! `packed_q5_blocks`): the layout is
 //! the documented one,
 //! and every product (each int8 kernel this CPU runs, for one row and many, on one thread and
 //! several; the f32 path, SIMD and portable) gives the row layout's bits from it.
@@ -6,9 +7,9 @@
 mod support;
 
 use kvpark_cpu_ops::{
-    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, matmul_q8, pack_q4, pack_q5, pack_q6,
-    q5_packed_lengths, q6_packed_lengths, set_threads, I8Kernel, I8Scratch, Q4Weights, Q6Weights,
-    Q8Weights, Weights, BLOCK, PACK,
+    matmul_i8, matmul_q4, matmul_q4_plain, matmul_q6, matmul_q8, pack_q4, pack_q5, pack_q5_blocks,
+    pack_q6, q5_packed_lengths, q5b_packed_lengths, q6_packed_lengths, set_threads, I8Kernel,
+    I8Scratch, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights, BLOCK, PACK,
 };
 use proptest::prelude::*;
 use support::{activations, matrix, same, Kind, STYLES};
@@ -99,12 +100,12 @@ proptest! {
     /// path (SIMD and portable) give its own row-layout bits.
     #[test]
     fn every_product_of_a_packed_matrix_gives_the_row_layouts_bits(
-        rows in 1usize..18, groups in 1usize..5, blocks in 1usize..70, kind in 0usize..4,
+        rows in 1usize..18, groups in 1usize..5, blocks in 1usize..70, kind in 0usize..6,
         threads in 1usize..4, seed: u64,
     ) {
         let (n, k) = (groups * PACK, blocks * BLOCK);
         let mut s = seed;
-        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6K, Kind::Q5K][kind];
+        let kind = [Kind::Q4, Kind::Q4Signed, Kind::Q6K, Kind::Q5K, Kind::Q5, Kind::Q5Offset][kind];
         let m = matrix(kind, n, k, &mut s);
         let p = m.packed();
         let x = activations(rows, k, STYLES, &mut s);
@@ -268,7 +269,7 @@ fn q5_packing_refuses_what_it_cannot_hold() {
             n: 16,
             k: 64,
             low: None,
-            packed: false,
+            packed: Q8Packing::Rows,
         };
         pack_q5(w, &mut vec![0; q], &mut vec![0.0; d], &mut vec![0.0; d])
     };
@@ -288,4 +289,109 @@ fn q5_packing_refuses_what_it_cannot_hold() {
         .unwrap_err()
         .0
         .contains("int8"));
+}
+
+#[test]
+fn the_q5_blocks_layout_is_the_documented_one() {
+    let (n, blocks) = (32, 11);
+    for (kind, seed) in [(Kind::Q5, 21), (Kind::Q5Offset, 22)] {
+        let m = matrix(kind, n, blocks * BLOCK, &mut { seed });
+        let p = m.packed();
+        let low = i32::from(m.low.expect("a narrow kind"));
+        let (qs_len, values) = q5b_packed_lengths(n, blocks * BLOCK);
+        assert_eq!((p.qs.len(), p.scale.len()), (qs_len, values));
+        assert_eq!((qs_len, values), (n * blocks * 20, n * blocks));
+        assert_eq!(p.offset.is_some(), m.offset.is_some());
+        // 11 blocks: lanes 0-2 hold two each (b, b + 8), lanes 3-7 one
+        let position = |b: usize| {
+            if b < 8 {
+                2 * b.min(3) + b.saturating_sub(3)
+            } else {
+                2 * (b - 8) + 1
+            }
+        };
+        for c in 0..n {
+            let (g, i) = (c / PACK, c % PACK);
+            for b in 0..blocks {
+                let at = (g * blocks + position(b)) * 20 * PACK;
+                for w in 0..BLOCK {
+                    let (t, e) = (w / 4, w % 4);
+                    let q = i32::from(m.qs[(c * blocks + b) * BLOCK + w] as i8);
+                    let nibble = p.qs[at + 64 * (t % 4) + 4 * i + e] >> (4 * (t / 4)) & 0x0f;
+                    let high = p.qs[at + 256 + 4 * i + e] >> t & 1;
+                    let u = i32::from(nibble | high << 4);
+                    assert_eq!(u, q - low, "{kind:?} column {c} block {b} weight {w}");
+                }
+                let v = (g * blocks + position(b)) * PACK + i;
+                assert_eq!(p.scale[v].to_bits(), m.scale[c * blocks + b].to_bits());
+                if let (Some(want), Some(got)) = (&m.offset, &p.offset) {
+                    assert_eq!(got[v].to_bits(), want[c * blocks + b].to_bits());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q5_blocks_packing_refuses_what_it_cannot_hold() {
+    let m = matrix(Kind::Q5Offset, 16, 64, &mut 6);
+    let (q, values) = q5b_packed_lengths(16, 64);
+    let pack = |qs: &[u8], low: Option<i8>, with_offset: bool| {
+        let w = Q8Weights {
+            // SAFETY: u8 and i8 have the same size and alignment, every bit pattern valid.
+            qs: unsafe { std::slice::from_raw_parts(qs.as_ptr().cast(), qs.len()) },
+            scale: &m.scale,
+            offset: m.offset.as_deref(),
+            n: 16,
+            k: 64,
+            low,
+            packed: Q8Packing::Rows,
+        };
+        let mut offset = vec![0.0; values];
+        let offset = with_offset.then_some(&mut offset[..]);
+        pack_q5_blocks(w, &mut vec![0; q], &mut vec![0.0; values], offset)
+    };
+    assert!(pack(&m.qs, m.low, true).is_ok());
+    // no low (quants of the full range: Q8_0's), offsets asked for where none are kept, a quant
+    // outside the window
+    assert!(pack(&m.qs, None, true).unwrap_err().0.contains("low"));
+    assert!(pack(&m.qs, m.low, false).unwrap_err().0.contains("offsets"));
+    let low = m.low.unwrap();
+    let mut qs = m.qs.clone();
+    qs[7] = low.wrapping_add(32) as u8;
+    if i16::from(low) + 32 <= 127 {
+        assert!(pack(&qs, m.low, true).unwrap_err().0.contains("only"));
+    }
+    qs[7] = low.wrapping_sub(1) as u8;
+    if low > i8::MIN {
+        assert!(pack(&qs, m.low, true).unwrap_err().0.contains("only"));
+    }
+}
+
+#[test]
+fn every_kind_at_each_row_count_that_picks_a_path_gives_the_row_layouts_bits() {
+    // one row (a whole group), a tile and a half, and the rows from which a call splits
+    for kind in [
+        Kind::Q4,
+        Kind::Q4Signed,
+        Kind::Q6K,
+        Kind::Q5K,
+        Kind::Q5,
+        Kind::Q5Offset,
+    ] {
+        for rows in [1, 6, 16, 17] {
+            let mut seed = 40 + rows as u64;
+            let (n, k) = (2 * PACK, 19 * BLOCK);
+            let m = matrix(kind, n, k, &mut seed);
+            let p = m.packed();
+            let x = activations(rows, k, STYLES, &mut seed);
+            let plain = int8(&x, rows, m.view(), I8Kernel::Plain);
+            for kernel in I8Kernel::available() {
+                let y = int8(&x, rows, p.view(), kernel);
+                for (i, (a, b)) in y.iter().zip(&plain).enumerate() {
+                    assert!(same(*a, *b), "{kind:?} {kernel:?} {rows} rows, output {i}");
+                }
+            }
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use crate::dense;
 use crate::iq4::IQ4_TABLE;
-use crate::weights::{Weights, BLOCK};
+use crate::weights::{Q8Packing, Weights, BLOCK};
 
 /// Row `r` of a dense matrix widened, or of a block matrix dequantised bitwise as `BlockWeight.dequantize` does it
 /// (`q * scale` for 8-bit blocks, `scale * nibble + offset` for 4-bit ones: the product is
@@ -17,10 +17,14 @@ pub(super) fn embed_row(w: Weights<'_>, r: usize, out: &mut [f32]) {
     for (b, o) in out.chunks_exact_mut(B).enumerate() {
         let at = r * blocks + b;
         match w {
-            Weights::Q8(w) if w.packed => {
-                let (qs, s, off) = crate::packed_q5::q5_block(&w, r, b);
+            Weights::Q8(w) if w.packed != Q8Packing::Rows => {
+                let (qs, s, off) = crate::packed_q5::either_block(&w, r, b);
                 for (v, q) in o.iter_mut().zip(qs) {
-                    *v = s.mul_add(f32::from(q), off);
+                    // as the row layout's below (no offset: one product, its zero's sign kept)
+                    *v = match w.offset {
+                        None => f32::from(q) * s,
+                        Some(_) => s.mul_add(f32::from(q), off),
+                    };
                 }
             }
             Weights::Q8(w) => {

@@ -99,6 +99,8 @@ mod side_by_side_q8;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
+mod transpose_avx2;
+#[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod wide;

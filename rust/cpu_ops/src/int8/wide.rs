@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 use super::{Activations, LANES};
 use crate::iq4::IQ4_TABLE;
 use crate::threads::Output;
-use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Weights, Weights, BLOCK};
+use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights, BLOCK};
 
 /// Columns per group: the sixteen i32 (or f32) lanes of a 512-bit vector.
 pub(super) const COLUMNS: usize = 16;
@@ -132,10 +132,19 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 transpose_q4(w, c0, blocks, g);
                 Q4
             }
-            Weights::Q8(w) if w.packed => {
-                // packed q5: its quants as they are, scale and offset: the 4-bit kind's combine
+            Weights::Q8(w) if w.packed == Q8Packing::Q5Super => {
+                // packed Q5_K: its quants as they are, scale and offset: the 4-bit kind's combine
                 super::wide_packed::split(Weights::Q8(w), c0, g);
                 Q4
+            }
+            Weights::Q8(w) if w.packed == Q8Packing::Q5Blocks => {
+                // packed Q5_0, Q5_1: split into the row layout's flipped quants
+                super::wide_packed::split(Weights::Q8(w), c0, g);
+                if w.offset.is_some() {
+                    Q8_OFFSET
+                } else {
+                    Q8
+                }
             }
             Weights::Q8(w) => {
                 transpose_q8(w, c0, blocks, g);

@@ -29,6 +29,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
+use super::transpose_avx2::transpose8;
 use super::{Activations, LANES};
 use crate::iq4::IQ4_TABLE;
 use crate::threads::Output;
@@ -42,26 +43,24 @@ const TILE: usize = 4;
 /// Rows from which a call takes this kernel for Q6 and IQ4: below it the transposition costs
 /// more than the column kernels' reductions it saves.
 pub(super) const MIN_ROWS: usize = 2;
-/// The same for Q8, whose column kernel has no de-interleaving or table to pay for. Timed against
-/// it on two threads, weights from memory (SmolLM2's shapes): at five rows this one took 0.8x
-/// its time for gate-up (k = 576) and the head, 1.1x for down (k = 1536, whose column kernel
-/// reduces once per 1,536 products); at three and four it lost more on down than it gained on
-/// the rest; at six and up it won on every shape (at eight 0.7-0.9x, at prompt sizes 2-2.8x its
-/// rate).
+/// The same for Q8, whose column kernel has no de-interleaving or table to pay for. Timed on two
+/// threads, weights from memory (SmolLM2's shapes): at five rows this one took 0.8x its time for
+/// gate-up and the head, 1.1x for down (k = 1536); at three and four it lost more on down than it
+/// gained on the rest; at six and up it won on every shape (at prompt sizes 2-2.8x its rate).
 const MIN_ROWS_Q8: usize = 5;
 
 /// One block of a group, transposed.
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
-struct Block8 {
+pub(super) struct Block8 {
     /// Vector `m`: two weights of each column ([`set_pairs`]), an i16 pair per i32 lane. The narrow
     /// kinds ([`Q5`]) hold quads in the first eight instead: vector `t`, weights `4t..4t + 4` of
     /// each column less the matrix's `low`, as u8.
-    pairs: [__m256i; 16],
+    pub(super) pairs: [__m256i; 16],
     /// Each column's scale; Q6's two (weights 0..16, then 16..32).
-    scale: [__m256; 2],
+    pub(super) scale: [__m256; 2],
     /// Each column's offset (0 where the kind has none; never read then).
-    offset: __m256,
+    pub(super) offset: __m256,
 }
 
 thread_local! {
@@ -162,6 +161,28 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             _ => tiles::<Q6>(a, g, y, w.n(), c0, low),
         }
     })
+}
+
+/// The narrow kinds' tiles over a group of Q5_0's, Q5_1's or Q5_K's packed blocks split into
+/// `g` (`wide_avx2_packed.rs`: quads `q - low`, scales, and offsets where `offset`).
+///
+/// # Safety
+/// As [`group`], `g` holding every block of the columns.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn narrow_tiles(
+    a: &Activations<'_>,
+    g: &[Block8],
+    y: &Output,
+    n: usize,
+    c0: usize,
+    low: i8,
+    offset: bool,
+) {
+    match offset {
+        true => tiles::<Q5_OFFSET>(a, g, y, n, c0, low),
+        false => tiles::<Q5>(a, g, y, n, c0, low),
+    }
 }
 
 /// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`.
@@ -457,36 +478,4 @@ unsafe fn set_pairs(blk: &mut Block8, cols: [__m256i; COLUMNS]) {
         blk.pairs[2 * t] = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(quads));
         blk.pairs[2 * t + 1] = _mm256_srai_epi16::<8>(quads);
     }
-}
-
-/// The transpose of the 8 x 8 matrix of u32 whose rows are the eight vectors.
-#[inline(always)]
-unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
-    // per 128-bit half a 4 x 4 transpose, rows 0-3 and rows 4-7 apart: half h of `low[t]` holds
-    // element t + 4h of rows 0..4, of `high[t]` of rows 4..8
-    let low = transpose4([v[0], v[1], v[2], v[3]]);
-    let high = transpose4([v[4], v[5], v[6], v[7]]);
-    std::array::from_fn(|e| {
-        let t = e % 4;
-        if e < 4 {
-            _mm256_permute2x128_si256::<0x20>(low[t], high[t])
-        } else {
-            _mm256_permute2x128_si256::<0x31>(low[t], high[t])
-        }
-    })
-}
-
-/// Per 128-bit half, the transpose of the 4 x 4 matrix of u32 whose rows are the four vectors.
-#[inline(always)]
-unsafe fn transpose4(v: [__m256i; 4]) -> [__m256i; 4] {
-    let lo01 = _mm256_unpacklo_epi32(v[0], v[1]);
-    let hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
-    let lo23 = _mm256_unpacklo_epi32(v[2], v[3]);
-    let hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
-    [
-        _mm256_unpacklo_epi64(lo01, lo23),
-        _mm256_unpackhi_epi64(lo01, lo23),
-        _mm256_unpacklo_epi64(hi01, hi23),
-        _mm256_unpackhi_epi64(hi01, hi23),
-    ]
 }

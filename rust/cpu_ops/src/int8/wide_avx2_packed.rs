@@ -1,6 +1,7 @@
 //! AVX2's kernel for q6 and q5 matrices packed compact at load (`crate::packed`,
-//! `crate::packed_q5`; `wide_avx2.rs`'s narrow kinds' arithmetic), for any number of rows: each
-//! tile reads its half of the packed group in place, widening the six or five bits of a quant.
+//! `crate::packed_q5`, `crate::packed_q5_blocks`; `wide_avx2.rs`'s narrow kinds' arithmetic),
+//! for any number of rows: each tile reads its half of the packed group in place, widening the
+//! six or five bits of a quant.
 //!
 //! Why: as `side_by_side_packed.rs` for 4-bit weights. From the row layout every call of two
 //! rows or more transposed each block of a group of eight columns into a buffer (eight 32-byte
@@ -8,22 +9,27 @@
 //! on the weights' read, and one row took the column kernel (`q6.rs`), which ends every (block,
 //! column) in a horizontal reduction. Packed, a block's operand vectors come from the group's
 //! eight-column half of each 64-byte vector (a quant `q + 32`'s low nibble and top bits for
-//! q6, `q`'s nibble and fifth bit for q5), its scales (and offsets) from int8s times a `d` per
-//! 256 weights, and the blocks lie in the order the tiles walk them, so the first tile streams
-//! them while it multiplies; one row ([`one_row`]) takes a whole group of sixteen at once, each
-//! activation quad broadcast once for both halves; 16 rows or more widen each block once into a
-//! buffer ([`split`]). The integer sums are exact and the float operations `wide_avx2.rs`'s for
-//! the narrow kinds in their order, so the bits are `plain.rs`'s (the tests check it).
+//! q6, `q - low`'s nibble and fifth bit for q5), its scales (and offsets) from int8s times a `d`
+//! per 256 weights (Q5_0's and Q5_1's: an f32 a block, as they lie), and the blocks lie in the
+//! order the tiles walk them, so the first tile streams them while it multiplies; one row
+//! ([`one_row`]) takes a whole group of sixteen at once, each activation quad broadcast once for
+//! both halves; 16 rows or more widen each block once into a buffer ([`split`]; q5 into
+//! `wide_avx2.rs`'s and run on its tiles). The integer sums are exact and the float operations
+//! `wide_avx2.rs`'s for the narrow kinds in their order, so the bits are `plain.rs`'s (the tests
+//! check it).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::side_by_side::{store_row, GROUP};
+use super::wide_avx2::{self, Block8};
 use super::{Activations, LANES};
+use crate::packed::{position, value_at};
 use crate::packed::{q6_at, q6_packed_lengths, super_at, PACK, Q6_BIAS, Q6_BLOCK_BYTES, SUPER};
 use crate::packed_q5::{q5_at, q5_packed_lengths, Q5_BLOCK_BYTES};
+use crate::packed_q5_blocks::{q5b_at, q5b_packed_lengths, Q5B_BLOCK_BYTES};
 use crate::threads::Output;
-use crate::weights::{Weights, BLOCK};
+use crate::weights::{Q8Packing, Weights, BLOCK};
 
 /// Rows multiplied together against each block's operand vectors (as `wide_avx2.rs`).
 const TILE: usize = 4;
@@ -35,6 +41,11 @@ const AHEAD: usize = 4096;
 /// and q5 (Q5_K's q8 blocks: one sum, a scale and an offset).
 const Q6: u8 = 0;
 const Q5: u8 = 1;
+/// Q5_0's and Q5_1's q8 blocks (`crate::packed_q5_blocks`): Q5's five bits, a scale a block (and
+/// for Q5_1 an offset) read as they lie, the sum `Σ u q + low Σ q` as `wide_avx2.rs`'s narrow
+/// kinds correct theirs: the same bits.
+const Q5_BLOCKS: u8 = 2;
+const Q5_BLOCKS_OFFSET: u8 = 3;
 
 /// Whether the kernels here read `w`: a packed q6 or q5 matrix (every one packed is).
 pub(super) fn takes(w: &Weights<'_>) -> bool {
@@ -48,15 +59,39 @@ pub(super) fn takes(w: &Weights<'_>) -> bool {
 /// <= w.n()`; `a` was quantised for `w`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
-    match w {
-        Weights::Q8(_) => kind_group::<Q5>(a, w, c0, y),
+    match q5_kind(&w) {
+        Q5 => kind_group::<Q5>(a, w, c0, y),
+        Q5_BLOCKS => kind_group::<Q5_BLOCKS>(a, w, c0, y),
+        Q5_BLOCKS_OFFSET => kind_group::<Q5_BLOCKS_OFFSET>(a, w, c0, y),
         _ => kind_group::<Q6>(a, w, c0, y),
+    }
+}
+
+/// `w`'s kind constant.
+fn q5_kind(w: &Weights<'_>) -> u8 {
+    match w {
+        Weights::Q8(w) if w.packed == Q8Packing::Q5Blocks && w.offset.is_some() => Q5_BLOCKS_OFFSET,
+        Weights::Q8(w) if w.packed == Q8Packing::Q5Blocks => Q5_BLOCKS,
+        Weights::Q8(_) => Q5,
+        _ => Q6,
     }
 }
 
 #[inline(always)]
 unsafe fn kind_group<const K: u8>(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
     let mut g = Packed::new(a, &w, c0, GROUP);
+    if a.rows >= SPLIT_ROWS && K != Q6 {
+        // q5: split into `wide_avx2.rs`'s narrow operands and run its tiles, whose four rows
+        // keep their sums in registers (this file's spilled them: a 64-row product of a Q5_0
+        // matrix took 1.1-1.2x the row layout's time)
+        let mut buffer = NARROW.take();
+        split_narrow::<K>(&g, &mut buffer);
+        let offset = K != Q5_BLOCKS;
+        let low = if K == Q5 { 0 } else { g.low }; // Q5_K's quants are stored as they are
+        wide_avx2::narrow_tiles(a, &buffer[..g.blocks], y, w.n(), c0, low, offset);
+        NARROW.set(buffer);
+        return;
+    }
     if a.rows >= SPLIT_ROWS {
         // the buffer taken out of its cell, not borrowed in a closure: a closure does not
         // inherit the caller's target features, and the tiles inlined in it ran their
@@ -110,6 +145,28 @@ struct Split {
 thread_local! {
     /// The widened half, reused by every call of many rows on this thread.
     static SPLIT: RefCell<Vec<Split>> = const { RefCell::new(Vec::new()) };
+    /// A q5 half as `wide_avx2.rs`'s narrow operands, likewise.
+    static NARROW: RefCell<Vec<Block8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Every block of the q5 half `g`, by block, as `wide_avx2.rs`'s narrow operands (quads `q -
+/// low` as u8, Q5_K's `q`; its scale and offset) into `buffer`.
+#[inline(always)]
+unsafe fn split_narrow<const K: u8>(g: &Packed, buffer: &mut Vec<Block8>) {
+    if buffer.len() < g.blocks {
+        // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
+        buffer.resize(g.blocks, std::mem::zeroed());
+    }
+    let part = g.half / GROUP;
+    for (b, out) in buffer.iter_mut().enumerate().take(g.blocks) {
+        let p = position(g.blocks, b);
+        let src = g.qs.add(p * g.bytes);
+        for t in 0..8 {
+            out.pairs[t] = quad::<K>(src.add(32 * part), t);
+        }
+        out.scale[0] = value::<K>(g, src, b, p, 0, part);
+        out.offset = value::<K>(g, src, b, p, 1, part); // Q5_0's: the scale, never read
+    }
 }
 
 /// Every block of the half `g`, in its position's order, widened into `buffer`.
@@ -130,7 +187,7 @@ unsafe fn split<const K: u8>(g: &Packed, buffer: &mut Vec<Split>) {
                 out.quads[t] = quad::<K>(src.add(32 * (g.half / GROUP)), t);
             }
             for v in 0..2 {
-                out.values[v] = value::<K>(g, src, b, v, g.half / GROUP);
+                out.values[v] = value::<K>(g, src, b, p, v, g.half / GROUP);
             }
             p += 1;
         }
@@ -145,8 +202,10 @@ unsafe fn split<const K: u8>(g: &Packed, buffer: &mut Vec<Split>) {
 pub(super) unsafe fn one_row(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
     assert!(a.rows == 1 && c0.is_multiple_of(PACK));
     let g = Packed::new(a, &w, c0, PACK);
-    match w {
-        Weights::Q8(_) => tile::<1, 2, Q5, false>(a, &g, 0, y, w.n(), c0),
+    match q5_kind(&w) {
+        Q5 => tile::<1, 2, Q5, false>(a, &g, 0, y, w.n(), c0),
+        Q5_BLOCKS => tile::<1, 2, Q5_BLOCKS, false>(a, &g, 0, y, w.n(), c0),
+        Q5_BLOCKS_OFFSET => tile::<1, 2, Q5_BLOCKS_OFFSET, false>(a, &g, 0, y, w.n(), c0),
         _ => tile::<1, 2, Q6, false>(a, &g, 0, y, w.n(), c0),
     }
 }
@@ -154,12 +213,14 @@ pub(super) unsafe fn one_row(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: 
 /// Columns `c0..` of a packed group: their blocks (the block at position `p` at `qs + p *
 /// bytes`, the second half of a group's columns 32 bytes on in each vector, 8 in each run of
 /// int8 values) and their per-256 values (block `b`'s `d` at `d + b / SUPER * PACK`, q5's
-/// `dmin` at `dmin + ..`).
+/// `dmin` at `dmin + ..`), or for Q5_0 and Q5_1 their values a block (the block at `p`'s scale
+/// at `d + p * PACK`, its offset at `dmin + ..`; null without) and the `low` of their quants.
 struct Packed {
     qs: *const u8,
     bytes: usize,
     d: *const f32,
     dmin: *const f32,
+    low: i8,
     blocks: usize,
     /// The half's column in its group: 0 or 8.
     half: usize,
@@ -180,27 +241,47 @@ impl Packed {
         assert!(a.d.len().min(a.sum.len()) == a.rows * a.padded);
         assert!(a.lo.len().min(a.hi.len()) == a.rows * a.padded);
         let start = c0 - c0 % PACK;
-        let values = super_at(blocks, start, 0);
+        // the group's per-256 values (q6, Q5_K) or its values a block (Q5_0, Q5_1)
+        let (runs, per_block) = (super_at(blocks, start, 0), value_at(blocks, start, 0, 1, 0));
+        let mut low = 0;
         let (qs, bytes, d, dmin) = match w {
             Weights::Q6(w) => {
                 assert!((w.qs.len(), w.scale.len()) == q6_packed_lengths(n, w.k));
                 let qs = w.qs.as_ptr().cast::<u8>().add(q6_at(blocks, start, 0));
-                (qs, Q6_BLOCK_BYTES, w.scale.as_ptr(), std::ptr::null())
+                (
+                    qs,
+                    Q6_BLOCK_BYTES,
+                    w.scale.as_ptr().add(runs),
+                    std::ptr::null(),
+                )
+            }
+            Weights::Q8(w) if w.packed == Q8Packing::Q5Blocks => {
+                let (qs, values) = q5b_packed_lengths(n, w.k);
+                assert!(w.qs.len() == qs && w.scale.len() == values);
+                assert!(w.offset.is_none_or(|o| o.len() == values));
+                low = w.low.expect("a packed q5 matrix has its low");
+                let qs = w.qs.as_ptr().cast::<u8>().add(q5b_at(blocks, start, 0));
+                let dmin = w
+                    .offset
+                    .map_or(std::ptr::null(), |o| o.as_ptr().add(per_block));
+                (qs, Q5B_BLOCK_BYTES, w.scale.as_ptr().add(per_block), dmin)
             }
             Weights::Q8(w) => {
                 let dmin = w.offset.expect("a packed q5 matrix has offsets");
                 let (qs, d) = q5_packed_lengths(n, w.k);
                 assert!(w.qs.len() == qs && w.scale.len() == d && dmin.len() == d);
                 let qs = w.qs.as_ptr().cast::<u8>().add(q5_at(blocks, start, 0));
-                (qs, Q5_BLOCK_BYTES, w.scale.as_ptr(), dmin.as_ptr())
+                let d = w.scale.as_ptr().add(runs);
+                (qs, Q5_BLOCK_BYTES, d, dmin.as_ptr().add(runs))
             }
             _ => unreachable!("`takes` holds"),
         };
         Packed {
             qs,
             bytes,
-            d: d.add(values),
-            dmin: dmin.wrapping_add(values),
+            d,
+            dmin,
+            low,
             blocks,
             half: c0 % PACK,
             ahead: c0.is_multiple_of(PACK),
@@ -228,6 +309,7 @@ unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
     let xq: [*const i8; R] = std::array::from_fn(|i| a.q.as_ptr().add((r0 + i) * a.k));
     let row: [usize; R] = std::array::from_fn(|i| (r0 + i) * a.padded);
     let bias = _mm256_set1_ps(-f32::from(Q6_BIAS));
+    let low = _mm256_set1_ps(f32::from(g.low));
     let ones = _mm256_set1_epi16(1);
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
     // q6 sums two pairs in i16 before each widening, q5 four
@@ -276,19 +358,20 @@ unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
                             }
                         }
                     }
+                    // q5 adds into the block's sum at once: a second sum a row would spill
+                    // the tile's registers
                     for i in 0..R {
                         for h in 0..H {
                             let wide = _mm256_madd_epi16(pairs[i][h], ones);
-                            sums[i][h] = _mm256_add_epi32(sums[i][h], wide);
+                            if K == Q6 {
+                                sums[i][h] = _mm256_add_epi32(sums[i][h], wide);
+                            } else {
+                                block[i][h] = _mm256_add_epi32(block[i][h], wide);
+                            }
                         }
                     }
                 }
-                if K == Q5 {
-                    for i in 0..R {
-                        for h in 0..H {
-                            block[i][h] = _mm256_add_epi32(block[i][h], sums[i][h]);
-                        }
-                    }
+                if K != Q6 {
                     continue;
                 }
                 let half_sums = if half == 0 { a.lo } else { a.hi };
@@ -300,13 +383,13 @@ unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
                         let s = if S {
                             (*g.split.add(p)).values[half]
                         } else {
-                            value::<K>(g, src, b, half, g.half / GROUP + h)
+                            value::<K>(g, src, b, p, half, g.half / GROUP + h)
                         };
                         lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(s, row_d), isum, lane[i][h]);
                     }
                 }
             }
-            if K == Q5 {
+            if K != Q6 {
                 for i in 0..R {
                     let row_d = _mm256_set1_ps(*a.d.as_ptr().add(row[i] + b));
                     let sum = _mm256_set1_ps(*a.sum.as_ptr().add(row[i] + b));
@@ -317,13 +400,18 @@ unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
                         } else {
                             let part = g.half / GROUP + h;
                             (
-                                value::<K>(g, src, b, 0, part),
-                                value::<K>(g, src, b, 1, part),
+                                value::<K>(g, src, b, p, 0, part),
+                                value::<K>(g, src, b, p, 1, part),
                             )
                         };
-                        let isum = _mm256_cvtepi32_ps(block[i][h]);
+                        let mut isum = _mm256_cvtepi32_ps(block[i][h]);
+                        if K != Q5 {
+                            isum = _mm256_fmadd_ps(low, sum, isum); // Σ q x, exact
+                        }
                         lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(s, row_d), isum, lane[i][h]);
-                        lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(o, row_d), sum, lane[i][h]);
+                        if K != Q5_BLOCKS {
+                            lane[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(o, row_d), sum, lane[i][h]);
+                        }
                     }
                 }
             }
@@ -349,7 +437,7 @@ unsafe fn quad<const K: u8>(src: *const u8, t: usize) -> __m256i {
     let l = _mm256_loadu_si256(src.add(64 * (t % 4)).cast());
     let low = if t < 4 { l } else { _mm256_srli_epi16::<4>(l) };
     let low = _mm256_and_si256(low, _mm256_set1_epi8(0x0f));
-    if K == Q5 {
+    if K != Q6 {
         // bit t of the top-bits vector is quad t's fifth bit: moved to bit 4
         let h = _mm256_loadu_si256(src.add(256).cast());
         let high = match t {
@@ -375,16 +463,26 @@ unsafe fn quad<const K: u8>(src: *const u8, t: usize) -> __m256i {
     _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
 }
 
-/// Value `v` of eight columns (`8 part..` of the group) of block `b`, whose bytes are at `src`:
-/// q6 the scale of half `v`, `d * sc`; q5 its scale (`v = 0`, `d * sc`) or offset (`dmin * m`).
+/// Value `v` of eight columns (`8 part..` of the group) of block `b` at position `p`, whose bytes
+/// are at `src`: q6 the scale of half `v`, `d * sc`; q5 its scale (`v = 0`, `d * sc`) or offset
+/// (`dmin * m`); Q5_0's and Q5_1's as they lie (no offset: the scale again, never read).
 #[inline(always)]
 unsafe fn value<const K: u8>(
     g: &Packed,
     src: *const u8,
     b: usize,
+    p: usize,
     v: usize,
     part: usize,
 ) -> __m256 {
+    if K == Q5_BLOCKS || K == Q5_BLOCKS_OFFSET {
+        let per = if v == 1 && K == Q5_BLOCKS_OFFSET {
+            g.dmin
+        } else {
+            g.d
+        };
+        return _mm256_loadu_ps(per.add(p * PACK + 8 * part));
+    }
     let (ints, per) = if K == Q6 {
         (src.add(384 + 16 * v), g.d)
     } else {

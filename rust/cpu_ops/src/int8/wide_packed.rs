@@ -18,8 +18,9 @@ use super::{Activations, LANES};
 use crate::packed::Q6_BLOCK_BYTES;
 use crate::packed::{position, q6_at, quads_at, super_at, value_at, PACK, Q6_BIAS, SUPER};
 use crate::packed_q5::{q5_at, Q5_BLOCK_BYTES};
+use crate::packed_q5_blocks::{q5b_at, q5b_packed_lengths, Q5B_BLOCK_BYTES};
 use crate::threads::Output;
-use crate::weights::{Weights, BLOCK};
+use crate::weights::{Q8Packing, Weights, BLOCK};
 
 /// The kinds, as constants of `tile` (as in `wide.rs`, a runtime kind there would roll the
 /// tile's rows up): 4-bit with offsets; q6 (int8 flipped, two scales a block).
@@ -27,6 +28,12 @@ const Q4: u8 = 0;
 const Q6: u8 = 1;
 /// Q5_K's q8 blocks packed compact (`crate::packed_q5`): combined as 4-bit weights are.
 const Q5: u8 = 2;
+/// Q5_0's and Q5_1's (`crate::packed_q5_blocks`): the five bits as Q5's, a scale (and offset) a
+/// block read as 4-bit weights' are; `Σ q x = Σ u x + low Σ x` exact, then combined as the row
+/// layout's q8 kind (`wide::tile`'s `Q8`, `Q8_OFFSET`): the same bits.
+const Q5_BLOCKS: u8 = 3;
+/// As [`Q5_BLOCKS`], with offsets (Q5_1's).
+const Q5_BLOCKS_OFFSET: u8 = 4;
 
 /// `wide::group` for a matrix packed at load (`crate::packed`): its blocks already lie as the
 /// operand vectors and in the order the tiles walk them, so each tile reads the group in place,
@@ -44,7 +51,11 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     let g = packed(w, c0, blocks);
     match w {
         Weights::Q4(_) => tiles::<Q4>(a, &g, y, n, c0),
-        Weights::Q8(_) => tiles::<Q5>(a, &g, y, n, c0),
+        Weights::Q8(w) => match (w.packed, w.offset.is_some()) {
+            (Q8Packing::Q5Blocks, true) => tiles::<Q5_BLOCKS_OFFSET>(a, &g, y, n, c0),
+            (Q8Packing::Q5Blocks, false) => tiles::<Q5_BLOCKS>(a, &g, y, n, c0),
+            _ => tiles::<Q5>(a, &g, y, n, c0),
+        },
         _ => tiles::<Q6>(a, &g, y, n, c0),
     }
 }
@@ -75,7 +86,21 @@ pub(super) unsafe fn split(w: Weights<'_>, c0: usize, g: &mut [Block16]) {
             }
             blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * PACK));
             blk.offset = _mm512_loadu_ps(p.offset.add(at * PACK));
-        } else if let Weights::Q8(_) = w {
+        } else if let Weights::Q8(w) = w {
+            if w.packed == Q8Packing::Q5Blocks {
+                // wide.rs's q8 operands are `q + 128`: the stored `q - low` plus `low + 128`
+                let src = p.qs.add(at * Q5B_BLOCK_BYTES);
+                let add = _mm512_set1_epi8(p.low.wrapping_add(i8::MIN));
+                blk.quads = q5_quads(src);
+                for u in &mut blk.quads {
+                    *u = _mm512_add_epi8(*u, add); // a loop: a closure loses the target features
+                }
+                blk.scale[0] = _mm512_loadu_ps(p.scale.add(at * PACK));
+                if !p.offset.is_null() {
+                    blk.offset = _mm512_loadu_ps(p.offset.add(at * PACK));
+                }
+                continue;
+            }
             // wide.rs's 4-bit kind takes the five-bit quants as they are (u8, no offset to undo)
             let src = p.qs.add(at * Q5_BLOCK_BYTES);
             blk.quads = q5_quads(src);
@@ -191,12 +216,13 @@ unsafe fn unbiased(dots: __m512i, sum: __m512) -> __m512 {
 }
 
 /// A packed group's quants, scales and offsets (each block's at its position; no offsets for
-/// q6), and its blocks.
+/// q6 and Q5_0: null), its blocks and the `low` its q5 quants are stored less (Q5_0's, Q5_1's).
 struct Packed {
     qs: *const u8,
     scale: *const f32,
     offset: *const f32,
     blocks: usize,
+    low: i8,
 }
 
 /// The packed group of `w` that starts at column `c0`.
@@ -218,6 +244,20 @@ unsafe fn packed(w: Weights<'_>, c0: usize, blocks: usize) -> Packed {
                 scale: w.scale.as_ptr().add(at),
                 offset: w.offset.as_ptr().add(at),
                 blocks,
+                low: 0,
+            }
+        }
+        Weights::Q8(w) if w.packed == Q8Packing::Q5Blocks => {
+            let (qs, values) = q5b_packed_lengths(n, w.k);
+            assert!(w.qs.len() == qs && w.scale.len() == values);
+            assert!(w.offset.is_none_or(|o| o.len() == values));
+            let at = value_at(blocks, c0, 0, 1, 0);
+            Packed {
+                qs: w.qs.as_ptr().add(q5b_at(blocks, c0, 0)).cast(),
+                scale: w.scale.as_ptr().add(at),
+                offset: w.offset.map_or(std::ptr::null(), |o| o.as_ptr().add(at)),
+                blocks,
+                low: w.low.expect("a packed q5 matrix has its low"),
             }
         }
         Weights::Q8(w) => {
@@ -229,6 +269,7 @@ unsafe fn packed(w: Weights<'_>, c0: usize, blocks: usize) -> Packed {
                 scale: w.scale.as_ptr().add(super_at(blocks, c0, 0)),
                 offset: dmin.as_ptr().add(super_at(blocks, c0, 0)),
                 blocks,
+                low: 0,
             }
         }
         Weights::Q6(w) => {
@@ -239,6 +280,7 @@ unsafe fn packed(w: Weights<'_>, c0: usize, blocks: usize) -> Packed {
                 scale: w.scale.as_ptr().add(super_at(blocks, c0, 0)),
                 offset: std::ptr::null(),
                 blocks,
+                low: 0,
             }
         }
         _ => unreachable!("only q4, q6 and q5 (q8 blocks) matrices are packed"),
@@ -286,8 +328,11 @@ unsafe fn tile<const R: usize, const K: u8>(
     let bytes = match K {
         Q4 => 256,
         Q5 => Q5_BLOCK_BYTES,
+        Q5_BLOCKS | Q5_BLOCKS_OFFSET => Q5B_BLOCK_BYTES,
         _ => Q6_BLOCK_BYTES,
     };
+    let blocks_values = K == Q4 || K == Q5_BLOCKS || K == Q5_BLOCKS_OFFSET;
+    let low = _mm512_set1_ps(f32::from(g.low));
     let (per_lane, longer) = (g.blocks / LANES, g.blocks % LANES);
     let mut p = 0; // the block's position in the group
     let mut lanes = [[MaybeUninit::<__m512>::uninit(); LANES]; R];
@@ -301,8 +346,8 @@ unsafe fn tile<const R: usize, const K: u8>(
                 for line in (0..bytes).step_by(64) {
                     _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
                 }
-                if K == Q4 {
-                    for v in [g.scale, g.offset] {
+                if blocks_values {
+                    for v in [g.scale, g.offset].into_iter().filter(|v| !v.is_null()) {
                         let ahead = v.wrapping_add(p * PACK + PACKED_AHEAD / 4);
                         _mm_prefetch(ahead.cast(), _MM_HINT_T0);
                     }
@@ -324,6 +369,14 @@ unsafe fn tile<const R: usize, const K: u8>(
             } else if K == Q5 {
                 u = q5_quads(src);
                 (scale, second) = q5_values(src, g, b);
+            } else if K == Q5_BLOCKS || K == Q5_BLOCKS_OFFSET {
+                u = q5_quads(src);
+                scale = _mm512_loadu_ps(g.scale.add(p * PACK));
+                second = if K == Q5_BLOCKS_OFFSET {
+                    _mm512_loadu_ps(g.offset.add(p * PACK))
+                } else {
+                    scale // never read
+                };
             } else {
                 u = q6_quads(src, _mm512_setzero_si512());
                 (scale, second) = q6_scales(src, g.scale.add(b / SUPER * PACK));
@@ -337,7 +390,15 @@ unsafe fn tile<const R: usize, const K: u8>(
                     s1 = _mm512_dpbusd_epi32(s1, u[4 + j], quad(x, 4 + j));
                 }
                 let d = _mm512_set1_ps(*a.d.as_ptr().add(at[r] + b));
-                if K != Q6 {
+                if K == Q5_BLOCKS || K == Q5_BLOCKS_OFFSET {
+                    let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
+                    let dots = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    let isum = _mm512_fmadd_ps(low, sum, dots);
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
+                    if K == Q5_BLOCKS_OFFSET {
+                        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), sum, acc[r]);
+                    }
+                } else if K != Q6 {
                     let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
                     let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));

@@ -2,8 +2,8 @@
 #![allow(dead_code)] // each test file uses its own part
 
 use kvpark_cpu_ops::{
-    narrow_low, pack_q4, pack_q5, pack_q6, q5_packed_lengths, q6_packed_lengths, Q4Weights,
-    Q6Weights, Q8Weights, Weights, BLOCK, Q6_GROUP,
+    narrow_low, pack_q4, pack_q5, pack_q5_blocks, pack_q6, q5_packed_lengths, q5b_packed_lengths,
+    q6_packed_lengths, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights, BLOCK, Q6_GROUP,
 };
 
 pub fn lcg(seed: &mut u64) -> u32 {
@@ -28,7 +28,8 @@ pub struct Matrix {
     pub k: usize,
     /// The narrow kinds' `Q8Weights::low`.
     pub low: Option<i8>,
-    /// A 4-bit matrix in `kvpark_cpu_ops::packed`'s layout ([`Matrix::packed`]).
+    /// In a layout packed at load ([`Matrix::packed`]): `kvpark_cpu_ops::packed`'s for 4-bit and
+    /// q6 kinds, `packed_q5`'s for Q5K, `packed_q5_blocks`' for Q5 and Q5Offset.
     pub packed: bool,
 }
 
@@ -187,7 +188,11 @@ impl Matrix {
                     n,
                     k,
                     low: self.low,
-                    packed: self.packed,
+                    packed: match self.kind {
+                        _ if !self.packed => Q8Packing::Rows,
+                        Kind::Q5K => Q8Packing::Q5Super,
+                        _ => Q8Packing::Q5Blocks,
+                    },
                 })
             }
             Kind::Q6 | Kind::Q6Narrow | Kind::Q6K => Weights::Q6(Q6Weights {
@@ -201,13 +206,28 @@ impl Matrix {
         }
     }
 
-    /// The same 4-bit or q6 matrix packed (`pack_q4`, `pack_q6`): its columns a multiple of
-    /// sixteen.
+    /// The same matrix packed (`pack_q4`, `pack_q6`, `pack_q5`; Q5 and Q5Offset
+    /// `pack_q5_blocks`): its columns a multiple of sixteen.
     pub fn packed(&self) -> Matrix {
         let (mut qs, mut scale) = (vec![0; self.qs.len()], vec![0.0; self.scale.len()]);
         if let Weights::Q6(_) = self.view() {
             let (q, d) = q6_packed_lengths(self.n, self.k);
             (qs, scale) = (vec![0; q], vec![0.0; d]);
+        }
+        if let (Kind::Q5 | Kind::Q5Offset, Weights::Q8(w)) = (self.kind, self.view()) {
+            let (q, values) = q5b_packed_lengths(self.n, self.k);
+            let (mut qs, mut scale) = (vec![0u8; q], vec![0.0; values]);
+            let mut offset = w.offset.map(|_| vec![0.0; values]);
+            // SAFETY: u8 and i8 have the same size and alignment, every bit pattern valid.
+            let signed = unsafe { std::slice::from_raw_parts_mut(qs.as_mut_ptr().cast(), q) };
+            pack_q5_blocks(w, signed, &mut scale, offset.as_deref_mut()).unwrap();
+            return Matrix {
+                qs,
+                scale,
+                offset,
+                packed: true,
+                ..*self
+            };
         }
         if let Weights::Q8(w) = self.view() {
             let (q, d) = q5_packed_lengths(self.n, self.k);
