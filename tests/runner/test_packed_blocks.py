@@ -153,6 +153,18 @@ def test_q8_blocks_pack_by_what_their_file_held() -> None:
     assert packed(q5_0(16, 9, 6), frozenset({"q4", "q6"})).kind == "q8"  # not asked for
 
 
+def test_q5_0_and_q5_1_packed_parts_fuse_in_the_row_layout() -> None:
+    """A fused matrix of a Q5_0 part and a Q5_1 one, each packed "q5b" as read: their quants
+    are stored less -16 and less 0, so they fuse unpacked (Q8_0 beside Q5_1 would too)."""
+    a, b = q5_0(16, 9, 7), q5_1(32, 9, 8)
+    fused = Blocks.cat([a.packed(), b.packed()])
+    assert fused.kind == "q8" and fused.offset is not None
+    want = np.concatenate([a.dequantize(), b.dequantize()])
+    assert np.array_equal(fused.dequantize(), want)
+    same = Blocks.cat([a.packed(), q5_0(16, 9, 9).packed()])  # both Q5_0's: stays packed
+    assert same.kind == "q5b" and same.offset is None
+
+
 def test_positions_go_lane_by_lane() -> None:
     at = pack_position(19)  # lanes 0-2 hold three blocks, the others two
     assert list(np.argsort(at)) == [

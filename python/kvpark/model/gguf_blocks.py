@@ -148,6 +148,10 @@ class Blocks:
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError(f"cannot fuse block matrices of kinds {sorted(kinds)}")
+        if kinds == {"q5b"} and len({p.offset is None for p in parts}) > 1:
+            # a "q5b" part's quants are stored less -16 or 0 by whether it has offsets: a Q5_0
+            # part beside a Q5_1 one fuses in the row layout
+            return Blocks.cat([p.unpacked() for p in parts])
         offset = None
         if any(p.offset is not None for p in parts):
             offset = np.concatenate(
