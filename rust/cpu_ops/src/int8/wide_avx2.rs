@@ -163,7 +163,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     })
 }
 
-/// The narrow kinds' tiles over a group of Q5_0's, Q5_1's or Q5_K's packed blocks split into
+/// The narrow kinds' tiles over a group of Q5_0's or Q5_1's packed blocks split into
 /// `g` (`wide_avx2_packed.rs`: quads `q - low`, scales, and offsets where `offset`).
 ///
 /// # Safety

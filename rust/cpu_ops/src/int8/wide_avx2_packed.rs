@@ -13,10 +13,10 @@
 //! per 256 weights (Q5_0's and Q5_1's: an f32 a block, as they lie), and the blocks lie in the
 //! order the tiles walk them, so the first tile streams them while it multiplies; one row
 //! ([`one_row`]) takes a whole group of sixteen at once, each activation quad broadcast once for
-//! both halves; 16 rows or more widen each block once into a buffer ([`split`]; q5 into
-//! `wide_avx2.rs`'s and run on its tiles). The integer sums are exact and the float operations
-//! `wide_avx2.rs`'s for the narrow kinds in their order, so the bits are `plain.rs`'s (the tests
-//! check it).
+//! both halves; 16 rows or more widen each block once into a buffer ([`split`]; Q5_0's and
+//! Q5_1's of short rows into `wide_avx2.rs`'s, run on its tiles: [`NARROW_BLOCKS`]). The integer
+//! sums are exact and the float operations `wide_avx2.rs`'s for the narrow kinds in their order,
+//! so the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -80,15 +80,14 @@ fn q5_kind(w: &Weights<'_>) -> u8 {
 #[inline(always)]
 unsafe fn kind_group<const K: u8>(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &Output) {
     let mut g = Packed::new(a, &w, c0, GROUP);
-    if a.rows >= SPLIT_ROWS && K != Q6 {
-        // q5: split into `wide_avx2.rs`'s narrow operands and run its tiles, whose four rows
-        // keep their sums in registers (this file's spilled them: a 64-row product of a Q5_0
-        // matrix took 1.1-1.2x the row layout's time)
+    let q5_blocks = K == Q5_BLOCKS || K == Q5_BLOCKS_OFFSET;
+    if a.rows >= SPLIT_ROWS && q5_blocks && g.blocks <= NARROW_BLOCKS {
+        // Q5_0, Q5_1: split into `wide_avx2.rs`'s narrow operands and run its tiles, whose four
+        // rows keep their sums in registers (this file's spill them)
         let mut buffer = NARROW.take();
         split_narrow::<K>(&g, &mut buffer);
-        let offset = K != Q5_BLOCKS;
-        let low = if K == Q5 { 0 } else { g.low }; // Q5_K's quants are stored as they are
-        wide_avx2::narrow_tiles(a, &buffer[..g.blocks], y, w.n(), c0, low, offset);
+        let offset = K == Q5_BLOCKS_OFFSET;
+        wide_avx2::narrow_tiles(a, &buffer[..g.blocks], y, w.n(), c0, g.low, offset);
         NARROW.set(buffer);
         return;
     }
@@ -128,6 +127,13 @@ unsafe fn tiles<const K: u8, const S: bool>(
     }
 }
 
+/// Blocks a column up to which Q5_0's and Q5_1's prompt chunks run on `wide_avx2.rs`'s narrow
+/// tiles (a buffer of 608 bytes a block, in L1 up to here), beyond it on this file's split
+/// tiles. Measured on 448 rows, two threads: at k = 576 the narrow tiles took a SmolLM2 Q4_K_M
+/// prefill from 893-900 to 993-1,007 tok/s; at 2048 the two were even, at 8192 the narrow ones
+/// 3-5 % slower; Q5_K's (whose combine here has no `low` to add) lost 11 % on them at 2048-8192.
+const NARROW_BLOCKS: usize = 64;
+
 /// Rows from which a call widens each block of its half once into a buffer ([`split`]) and runs
 /// its tiles there, rather than again in every tile of four rows: a 448-token prefill of the
 /// Llama-1B-shaped Q6_K lost 4-17 % to the repeated widening.
@@ -149,8 +155,8 @@ thread_local! {
     static NARROW: RefCell<Vec<Block8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Every block of the q5 half `g`, by block, as `wide_avx2.rs`'s narrow operands (quads `q -
-/// low` as u8, Q5_K's `q`; its scale and offset) into `buffer`.
+/// Every block of the Q5_0 or Q5_1 half `g`, by block, as `wide_avx2.rs`'s narrow operands
+/// (quads `q - low` as u8; its scale and offset) into `buffer`.
 #[inline(always)]
 unsafe fn split_narrow<const K: u8>(g: &Packed, buffer: &mut Vec<Block8>) {
     if buffer.len() < g.blocks {
