@@ -132,6 +132,46 @@ fn sixteen_columns_side_by_side_give_the_plain_bits() {
     }
 }
 
+/// A prompt whose activations pass `matmul_i8`'s row chunk (512 KiB: 64 rows at k = 8192) is
+/// multiplied a chunk of rows at a time, the last here a single row: each row's plain bits as a
+/// call of that row alone gives them, for every kind in the row layout and, where one exists,
+/// packed, on one thread and on two.
+#[test]
+fn rows_past_a_chunk_give_the_plain_bits() {
+    let mut s = 23;
+    let (rows, n, k) = (65, 20, 256 * BLOCK);
+    let x = activations(rows, k, STYLES, &mut s);
+    let mut matrices = vec![];
+    for kind in KINDS.into_iter().chain([Kind::Q6K, Kind::Q5K]) {
+        let m = matrix(kind, n, k, &mut s);
+        if !matches!(kind, Kind::Q8 | Kind::Q8Offset | Kind::Q6 | Kind::Q6Narrow) {
+            let packed = matrix(kind, 32, k, &mut s).packed();
+            matrices.push(packed);
+        }
+        matrices.push(m);
+    }
+    for m in &matrices {
+        let mut scratch = I8Scratch::new();
+        // the reference row by row: a call of one row is never chunked
+        let plain: Vec<f32> = (0..rows)
+            .flat_map(|r| {
+                let row = &x[r * k..(r + 1) * k];
+                product(row, 1, m.view(), I8Kernel::Plain, &mut scratch)
+            })
+            .collect();
+        for threads in [1, 2] {
+            set_threads(threads);
+            for kernel in I8Kernel::available() {
+                let y = product(&x, rows, m.view(), kernel, &mut scratch);
+                for (i, (a, b)) in y.iter().zip(&plain).enumerate() {
+                    let kind = (m.kind, m.packed);
+                    assert!(same(*a, *b), "{kind:?} {kernel:?} output {i}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn the_short_forms_are_the_best_kernel() {
     let mut s = 3;
