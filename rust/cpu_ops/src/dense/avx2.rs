@@ -17,6 +17,12 @@ pub(crate) trait Load: Format {
     /// # Safety
     /// `p` points at 16 values; the CPU has AVX2, FMA and F16C.
     unsafe fn load(p: *const Self::Raw) -> [__m256; 2];
+
+    /// Eight values as one vector: either half of [`Load::load`]'s chunk.
+    ///
+    /// # Safety
+    /// `p` points at 8 values; the CPU has AVX2, FMA and F16C.
+    unsafe fn load8(p: *const Self::Raw) -> __m256;
 }
 
 impl Load for F32 {
@@ -24,7 +30,12 @@ impl Load for F32 {
 
     #[inline(always)]
     unsafe fn load(p: *const f32) -> [__m256; 2] {
-        [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+        [Self::load8(p), Self::load8(p.add(8))]
+    }
+
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
     }
 }
 
@@ -33,8 +44,12 @@ impl Load for F16 {
 
     #[inline(always)]
     unsafe fn load(p: *const u16) -> [__m256; 2] {
-        let v = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        [v(p), v(p.add(8))]
+        [Self::load8(p), Self::load8(p.add(8))]
+    }
+
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 }
 
@@ -43,11 +58,13 @@ impl Load for Bf16 {
 
     #[inline(always)]
     unsafe fn load(p: *const u16) -> [__m256; 2] {
-        let v = |p: *const u16| {
-            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-            _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))
-        };
-        [v(p), v(p.add(8))]
+        [Self::load8(p), Self::load8(p.add(8))]
+    }
+
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))
     }
 }
 
@@ -85,11 +102,57 @@ pub(super) unsafe fn lanes<F: Load>(
                 }
             }
         }
+        // widened formats from six rows: a column's lanes 0-7 over the whole row, then lanes
+        // 8-15, every row of the tile at once, so each weight is widened once for all of them
+        (6.., _) if F::WIDENS => {
+            (0..cols).for_each(|g| halves::<ROW_TILE, F>(x, tile, k, w, g, out))
+        }
         _ => {
             for r0 in (0..tile).step_by(4) {
                 let t = (tile - r0).min(4);
                 (0..cols).for_each(|g| group::<4, 1, F>(x, r0, t, k, w, g, out));
             }
+        }
+    }
+}
+
+/// Rows `0..t` (`t <= R`; rows past `t` read row `t - 1` again and are dropped) against column
+/// `g`, one half of the lanes at a time: `R` accumulators for lanes 0-7 over every chunk, then
+/// for lanes 8-15. Each lane takes the same products in the same order as in [`group`].
+///
+/// Why: [`group`] holds two accumulators a row, so sixteen registers fit four rows, and eight
+/// rows widened every weight twice; the conversion shares the multiply ports with the FMAs
+/// (`vcvtph2ps`, bf16's shift), about a fifth of them at eight rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn halves<const R: usize, F: Load>(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: &[F::Raw],
+    g: usize,
+    out: &mut Lanes,
+) {
+    let chunks = k / LANES;
+    assert!(t >= 1 && t <= R && t * k <= x.len() && (g + 1) * k <= w.len());
+    let row_at: [usize; R] = std::array::from_fn(|r| r.min(t - 1) * k);
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for ch in 0..chunks {
+            let at = g * k + ch * LANES + 8 * h;
+            _mm_prefetch(
+                wp.wrapping_add(at + PREFETCH_AHEAD) as *const i8,
+                PREFETCH_HINT,
+            );
+            let wv = F::load8(wp.add(at));
+            for (a, row) in acc.iter_mut().zip(row_at) {
+                let xv = _mm256_loadu_ps(xp.add(row + ch * LANES + 8 * h));
+                *a = _mm256_fmadd_ps(wv, xv, *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate().take(t) {
+            _mm256_storeu_ps(out[g][r].as_mut_ptr().add(8 * h), *a);
         }
     }
 }
