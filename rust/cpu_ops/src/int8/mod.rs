@@ -234,7 +234,7 @@ pub fn matmul_q6_i8(
 
 /// `y = x @ W.T` through int8 activations on `kernel`, quantising `x` into `scratch` (reused
 /// across calls, so a layer runner allocates nothing per step). Many rows go a chunk at a time
-/// ([`chunk_rows`]), each chunk's columns split over the threads of [`crate::set_threads`]; no
+/// (`chunk_rows`), each chunk's columns split over the threads of [`crate::set_threads`]; no
 /// chunk, split, tiling or kernel changes a bit of the result.
 /// Block weights only: a dense matrix is refused ([`crate::dense`] multiplies it).
 ///

@@ -16,6 +16,7 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use super::{Activations, LANES};
@@ -134,7 +135,8 @@ unsafe fn tile<D: Quads, const R: usize>(
     let d: [*const f32; R] = std::array::from_fn(|i| a.d.as_ptr().add((r0 + i) * a.padded));
     let sum: [*const f32; R] = std::array::from_fn(|i| a.sum.as_ptr().add((r0 + i) * a.padded));
     let blocks = g.len();
-    let mut acc = [[_mm256_setzero_ps(); LANES]; R];
+    // every lane is written below before it is read (zeroed first, it was a `memset` a tile)
+    let mut acc = [[MaybeUninit::<__m256>::uninit(); LANES]; R];
     #[allow(clippy::needless_range_loop)] // `l` picks both the blocks and each row's accumulator
     for l in 0..LANES {
         let mut lane = [_mm256_setzero_ps(); R];
@@ -167,11 +169,12 @@ unsafe fn tile<D: Quads, const R: usize>(
             }
         }
         for i in 0..R {
-            acc[i][l] = lane[i];
+            acc[i][l] = MaybeUninit::new(lane[i]);
         }
     }
     for (i, acc) in acc.iter().enumerate() {
-        store_row(acc, y, (r0 + i) * n + c0);
+        // SAFETY: the loop above wrote lane `l` of every row for each `l`.
+        store_row(&acc.map(|v| v.assume_init()), y, (r0 + i) * n + c0);
     }
 }
 

@@ -4,19 +4,16 @@
 //! six or five bits of a quant.
 //!
 //! Why: as `side_by_side_packed.rs` for 4-bit weights. From the row layout every call of two
-//! rows or more transposed each block of a group of eight columns into a buffer (eight 32-byte
-//! loads, a 8 x 8 transposition of quads, eight gathers of scales), in a phase that also waited
-//! on the weights' read, and one row took the column kernel (`q6.rs`), which ends every (block,
-//! column) in a horizontal reduction. Packed, a block's operand vectors come from the group's
-//! eight-column half of each 64-byte vector (a quant `q + 32`'s low nibble and top bits for
-//! q6, `q - low`'s nibble and fifth bit for q5), its scales (and offsets) from int8s times a `d`
-//! per 256 weights (Q5_0's and Q5_1's: an f32 a block, as they lie), and the blocks lie in the
-//! order the tiles walk them, so the first tile streams them while it multiplies; one row
-//! ([`one_row`]) takes a whole group of sixteen at once, each activation quad broadcast once for
-//! both halves; 16 rows or more widen each block once into a buffer ([`split`]; Q5_0's and
-//! Q5_1's of short rows into `wide_avx2.rs`'s, run on its tiles: [`NARROW_BLOCKS`]). The integer
-//! sums are exact and the float operations `wide_avx2.rs`'s for the narrow kinds in their order,
-//! so the bits are `plain.rs`'s (the tests check it).
+//! rows or more transposed each block of eight columns into a buffer (eight loads, an 8 x 8
+//! transposition, eight gathers of scales) while it waited on the weights' read, and one row took
+//! `q6.rs`, a horizontal reduction per (block, column). Packed, a block's operand vectors are the
+//! group's eight-column half of each 64-byte vector (q6: `q + 32`'s nibble and top bits; q5:
+//! `q - low`'s nibble and fifth bit), its scales (and offsets) int8s times a `d` per 256 weights
+//! (Q5_0's, Q5_1's: an f32 a block), in the order the tiles walk them; one row ([`one_row`])
+//! takes a group of sixteen at once; 16 rows or more widen each block once into a buffer
+//! ([`split`]; Q5_0's and Q5_1's of short rows into `wide_avx2.rs`'s tiles: [`NARROW_BLOCKS`]).
+//! The sums are exact and the float operations `wide_avx2.rs`'s for the narrow kinds in their
+//! order, so the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -254,12 +251,8 @@ impl Packed {
             Weights::Q6(w) => {
                 assert!((w.qs.len(), w.scale.len()) == q6_packed_lengths(n, w.k));
                 let qs = w.qs.as_ptr().cast::<u8>().add(q6_at(blocks, start, 0));
-                (
-                    qs,
-                    Q6_BLOCK_BYTES,
-                    w.scale.as_ptr().add(runs),
-                    std::ptr::null(),
-                )
+                let d = w.scale.as_ptr().add(runs);
+                (qs, Q6_BLOCK_BYTES, d, std::ptr::null())
             }
             Weights::Q8(w) if w.packed == Q8Packing::Q5Blocks => {
                 let (qs, values) = q5b_packed_lengths(n, w.k);
@@ -321,7 +314,8 @@ unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
     // q6 sums two pairs in i16 before each widening, q5 four
     let run = if K == Q6 { 2 } else { 4 };
     let mut p = 0; // the block's position in the group
-    let mut acc = [[[_mm256_setzero_ps(); LANES]; H]; R];
+                   // every lane is written below before it is read (zeroed first, it was a `memset` a tile)
+    let mut acc = [[[std::mem::MaybeUninit::<__m256>::uninit(); LANES]; H]; R];
     #[allow(clippy::needless_range_loop)] // `l` picks both the blocks and the accumulators
     for l in 0..LANES {
         let mut lane = [[_mm256_setzero_ps(); H]; R];
@@ -425,13 +419,18 @@ unsafe fn tile<const R: usize, const H: usize, const K: u8, const S: bool>(
         }
         for i in 0..R {
             for h in 0..H {
-                acc[i][h][l] = lane[i][h];
+                acc[i][h][l] = std::mem::MaybeUninit::new(lane[i][h]);
             }
         }
     }
     for (i, acc) in acc.iter().enumerate() {
         for (h, acc) in acc.iter().enumerate() {
-            store_row(acc, y, (r0 + i) * n + c0 + GROUP * h);
+            // SAFETY: the loop above wrote lane `l` of every (row, half) for each `l`.
+            store_row(
+                &acc.map(|v| v.assume_init()),
+                y,
+                (r0 + i) * n + c0 + GROUP * h,
+            );
         }
     }
 }
