@@ -248,4 +248,12 @@ fn shapes_are_checked() {
         .contains("offset has 7"));
     let mut scratch = I8Scratch::new();
     assert!(scratch.quantise(&x, 3, 32, I8Kernel::Plain).is_err());
+    // a matrix of no output columns: nothing to write, for one row or a prompt's chunks
+    let none = matrix(Kind::Q8, 0, 8192, &mut s);
+    for rows in [1, 100] {
+        let x = vec![0.5; rows * 8192];
+        for kernel in I8Kernel::available() {
+            assert!(matmul_i8(&x, rows, none.view(), &mut [], kernel, &mut scratch).is_ok());
+        }
+    }
 }

@@ -259,7 +259,8 @@ pub fn matmul_i8(
     let all = scratch.activations();
     let n = w.n();
     let step = chunk_rows(w.k());
-    for (part, y) in (0..rows).step_by(step).zip(y.chunks_mut(step * n)) {
+    // (`max(1)`: a matrix of no columns has an empty `y`, which `chunks_mut(0)` would refuse)
+    for (part, y) in (0..rows).step_by(step).zip(y.chunks_mut((step * n).max(1))) {
         let a = all.rows(part..rows.min(part + step));
         product(kernel, &a, w, &Output::new(y));
     }
