@@ -10,24 +10,28 @@ pub(super) const LANES: usize = 16;
 pub(super) trait Dot {
     /// Whether [`Dot::dots16`] is implemented: scores sixteen cells at a time.
     const WIDE: bool = false;
-    /// Whether [`Dot::weighted2`] is implemented.
-    const PAIRED: bool = false;
+    /// Query heads whose weighted sums [`Dot::weighted_heads`] runs together (at most
+    /// [`HEADS`]); 1: it runs them one by one.
+    const TOGETHER: usize = 1;
 
-    /// [`weighted_pair`] on this level, where [`Dot::PAIRED`].
+    /// [`weighted_heads`] on this level, where [`Dot::TOGETHER`] is more than 1: `out[h]` from
+    /// `p[h]` for `h < count` (`2 <= count <= TOGETHER`).
     ///
     /// # Safety
     /// As for [`Dot::weighted`].
     #[inline(always)]
-    unsafe fn weighted2(
-        p: [&[f32]; 2],
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted_many(
+        p: [&[f32]; HEADS],
+        count: usize,
         v: &[f32],
         stride: usize,
         cells: std::ops::Range<usize>,
         m: usize,
-        out: &mut [[[f32; LANES]; 4]; 2],
+        out: &mut [[[f32; LANES]; 4]; HEADS],
     ) {
-        let _ = (p, v, stride, cells, m, out);
-        unreachable!("weighted2 of a Dot that is not PAIRED")
+        let _ = (p, count, v, stride, cells, m, out);
+        unreachable!("weighted_many of a Dot that runs heads one by one")
     }
 
     /// # Safety
@@ -46,7 +50,7 @@ pub(super) trait Dot {
     }
 
     /// `out[u][l] = Σ_c p[c] · v[c · stride + 16 u + l]` for `u < m` (at most 4), over `c` in
-    /// `cells` in order, each a product then a sum from +0.
+    /// `cells` in order, each sum a fused multiply-add from +0.
     ///
     /// # Safety
     /// As for [`Dot::dot`]; `v` holds every row read.
@@ -64,33 +68,46 @@ pub(super) trait Dot {
             let row = &v[c * stride..][..m * LANES];
             for (sum, v) in out.iter_mut().zip(row.chunks_exact(LANES)) {
                 for l in 0..LANES {
-                    sum[l] += p[c] * v[l];
+                    sum[l] = p[c].mul_add(v[l], sum[l]);
                 }
             }
         }
     }
 }
 
-/// Two query heads' [`Dot::weighted`] over one V: `out[h]` from `p[h]`, each bit for bit what
-/// `weighted` gives it alone (a SIMD level may run them together, sharing each V row's loads).
+/// Query heads run together at most, by any level (`block.rs` hands them out so many at a time).
+pub(super) const HEADS: usize = 4;
+
+/// `count` query heads' [`Dot::weighted`] over one V (`1 <= count <= HEADS`): `out[h]` from
+/// `p[h]`, each bit for bit what `weighted` gives it alone (a SIMD level runs them together,
+/// loading each V row once for all of them: the rows come from L2 on a long prompt, and each
+/// pass over them cost as much as the products).
 ///
 /// # Safety
 /// As for [`Dot::weighted`].
 #[inline(always)]
-pub(super) unsafe fn weighted_pair<D: Dot>(
-    p: [&[f32]; 2],
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn weighted_heads<D: Dot>(
+    p: [&[f32]; HEADS],
+    count: usize,
     v: &[f32],
     stride: usize,
     cells: std::ops::Range<usize>,
     m: usize,
-    out: &mut [[[f32; LANES]; 4]; 2],
+    out: &mut [[[f32; LANES]; 4]; HEADS],
 ) {
-    if D::PAIRED {
-        D::weighted2(p, v, stride, cells, m, out)
-    } else {
-        let [o0, o1] = out;
-        D::weighted(p[0], v, stride, cells.clone(), m, o0);
-        D::weighted(p[1], v, stride, cells, m, o1);
+    let mut h = 0;
+    while h < count {
+        let together = (count - h).min(D::TOGETHER);
+        if together == 1 {
+            D::weighted(p[h], v, stride, cells.clone(), m, &mut out[h]);
+        } else {
+            let mut part = [[[0.0f32; LANES]; 4]; HEADS];
+            let ps = std::array::from_fn(|i| p[(h + i).min(count - 1)]);
+            D::weighted_many(ps, together, v, stride, cells.clone(), m, &mut part);
+            out[h..h + together].copy_from_slice(&part[..together]);
+        }
+        h += together;
     }
 }
 
@@ -102,7 +119,7 @@ impl Dot for PlainDot {
     unsafe fn dot(q: &[f32], k: &[f32]) -> f32 {
         let mut lanes = [0.0f32; LANES];
         for (i, (x, y)) in q.iter().zip(k).enumerate() {
-            lanes[i % LANES] += x * y;
+            lanes[i % LANES] = x.mul_add(*y, lanes[i % LANES]);
         }
         finish(&lanes)
     }
@@ -118,7 +135,7 @@ fn finish(lanes: &[f32; LANES]) -> f32 {
 #[inline(always)]
 fn tail(q: &[f32], k: &[f32], whole: usize, lanes: &mut [f32; LANES]) -> f32 {
     for (l, (x, y)) in q[whole..].iter().zip(&k[whole..]).enumerate() {
-        lanes[l] += x * y;
+        lanes[l] = x.mul_add(*y, lanes[l]);
     }
     finish(lanes)
 }
@@ -136,7 +153,7 @@ pub(super) struct Avx2Dot;
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx2Dot {
     const WIDE: bool = true;
-    const PAIRED: bool = true;
+    const TOGETHER: usize = 2;
 
     #[inline(always)]
     unsafe fn dots16(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32; LANES]) {
@@ -162,8 +179,8 @@ impl Dot for Avx2Dot {
                     let (ql, qh) = (_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(qp.add(i + 8)));
                     for c in 0..4 {
                         let k = first.add(c * stride + i);
-                        lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(ql, _mm256_loadu_ps(k)));
-                        hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(qh, _mm256_loadu_ps(k.add(8))));
+                        lo[c] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(k), lo[c]);
+                        hi[c] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(k.add(8)), hi[c]);
                     }
                 }
                 for c in 0..4 {
@@ -194,14 +211,18 @@ impl Dot for Avx2Dot {
     }
 
     #[inline(always)]
-    unsafe fn weighted2(
-        p: [&[f32]; 2],
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted_many(
+        p: [&[f32]; HEADS],
+        count: usize,
         v: &[f32],
         stride: usize,
         cells: std::ops::Range<usize>,
         m: usize,
-        out: &mut [[[f32; LANES]; 4]; 2],
+        out: &mut [[[f32; LANES]; 4]; HEADS],
     ) {
+        debug_assert_eq!(count, 2);
+        let p = [p[0], p[1]];
         // two heads' sums of two runs fill eight of the sixteen registers: the runs two at a
         // time (each run's sums are independent of the others', so the split changes no bit)
         let mut u = 0;
@@ -221,12 +242,9 @@ impl Dot for Avx2Dot {
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for i in (0..whole).step_by(LANES) {
-            lo = _mm256_add_ps(
-                lo,
-                _mm256_mul_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(kp.add(i))),
-            );
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(kp.add(i)), lo);
             let (q8, k8) = (qp.add(i + 8), kp.add(i + 8));
-            hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q8), _mm256_loadu_ps(k8)));
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(q8), _mm256_loadu_ps(k8), hi);
         }
         if whole == q.len() {
             return reduce8(_mm256_add_ps(lo, hi));
@@ -239,7 +257,7 @@ impl Dot for Avx2Dot {
 }
 
 /// [`Dot::weighted`] of `H` heads over one V, on AVX2: runs `first..first + M` of sixteen values
-/// (two vectors each), every sum a product then an add from +0 in cell order, each V vector
+/// (two vectors each), every sum a fused multiply-add from +0 in cell order, each V vector
 /// loaded once for the `H` heads.
 ///
 /// # Safety
@@ -269,8 +287,8 @@ unsafe fn weighted_avx2<const H: usize, const M: usize>(
         for (h, a) in acc.iter_mut().enumerate() {
             let pc = _mm256_set1_ps(*p[h].get_unchecked(c));
             for (a, x) in a.iter_mut().zip(vs) {
-                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(pc, x[0]));
-                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(pc, x[1]));
+                a[0] = _mm256_fmadd_ps(pc, x[0], a[0]);
+                a[1] = _mm256_fmadd_ps(pc, x[1], a[1]);
             }
         }
     }
@@ -300,22 +318,32 @@ pub(super) struct Avx512Dot;
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx512Dot {
     const WIDE: bool = true;
-    const PAIRED: bool = true;
+    const TOGETHER: usize = HEADS;
 
     #[inline(always)]
-    unsafe fn weighted2(
-        p: [&[f32]; 2],
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted_many(
+        p: [&[f32]; HEADS],
+        count: usize,
         v: &[f32],
         stride: usize,
         cells: std::ops::Range<usize>,
         m: usize,
-        out: &mut [[[f32; LANES]; 4]; 2],
+        out: &mut [[[f32; LANES]; 4]; HEADS],
     ) {
-        match m {
-            4 => weighted2_m::<4>(p, v, stride, cells, out),
-            3 => weighted2_m::<3>(p, v, stride, cells, out),
-            2 => weighted2_m::<2>(p, v, stride, cells, out),
-            _ => weighted2_m::<1>(p, v, stride, cells, out),
+        match (count, m) {
+            (4, 4) => weighted_n_m::<4, 4>(p, v, stride, cells, out),
+            (4, 3) => weighted_n_m::<4, 3>(p, v, stride, cells, out),
+            (4, 2) => weighted_n_m::<4, 2>(p, v, stride, cells, out),
+            (4, _) => weighted_n_m::<4, 1>(p, v, stride, cells, out),
+            (3, 4) => weighted_n_m::<3, 4>(p, v, stride, cells, out),
+            (3, 3) => weighted_n_m::<3, 3>(p, v, stride, cells, out),
+            (3, 2) => weighted_n_m::<3, 2>(p, v, stride, cells, out),
+            (3, _) => weighted_n_m::<3, 1>(p, v, stride, cells, out),
+            (_, 4) => weighted_n_m::<2, 4>(p, v, stride, cells, out),
+            (_, 3) => weighted_n_m::<2, 3>(p, v, stride, cells, out),
+            (_, 2) => weighted_n_m::<2, 2>(p, v, stride, cells, out),
+            _ => weighted_n_m::<2, 1>(p, v, stride, cells, out),
         }
     }
 
@@ -332,7 +360,7 @@ impl Dot for Avx512Dot {
             let qv = _mm512_loadu_ps(qp.add(i));
             for (c, a) in acc.iter_mut().enumerate() {
                 let k = _mm512_loadu_ps(rp.add(c * stride + i));
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, k));
+                *a = _mm512_fmadd_ps(qv, k, *a);
             }
         }
         if whole < d {
@@ -341,7 +369,7 @@ impl Dot for Avx512Dot {
             let qv = _mm512_maskz_loadu_ps(mask, qp.add(whole));
             for (c, a) in acc.iter_mut().enumerate() {
                 let k = _mm512_maskz_loadu_ps(mask, rp.add(c * stride + whole));
-                *a = _mm512_mask_add_ps(*a, mask, *a, _mm512_mul_ps(qv, k));
+                *a = _mm512_mask3_fmadd_ps(qv, k, *a, mask);
             }
         }
         // reduce16 puts output o in lane 4 (o % 4) + o / 4: hand it cell 4 (o % 4) + o / 4 as o
@@ -356,10 +384,7 @@ impl Dot for Avx512Dot {
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
         let mut acc = _mm512_setzero_ps();
         for i in (0..whole).step_by(LANES) {
-            acc = _mm512_add_ps(
-                acc,
-                _mm512_mul_ps(_mm512_loadu_ps(qp.add(i)), _mm512_loadu_ps(kp.add(i))),
-            );
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(i)), _mm512_loadu_ps(kp.add(i)), acc);
         }
         let mut lanes = [0.0f32; LANES];
         _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
@@ -383,7 +408,7 @@ impl Dot for Avx512Dot {
             let pc = _mm512_set1_ps(*p.get_unchecked(c));
             let row = v.as_ptr().add(c * stride);
             for (u, a) in acc.iter_mut().enumerate().take(m) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(pc, _mm512_loadu_ps(row.add(u * LANES))));
+                *a = _mm512_fmadd_ps(pc, _mm512_loadu_ps(row.add(u * LANES)), *a);
             }
         }
         for (o, a) in out.iter_mut().zip(acc) {
@@ -392,32 +417,34 @@ impl Dot for Avx512Dot {
     }
 }
 
-/// [`Avx512Dot`]'s `weighted2` for `M` runs of sixteen values: two heads' `2 M` sums
-/// independent of each other (the adds of one cell overlap the last's), each V vector loaded
-/// once for both heads; each sum a product then an add, in cell order, as `weighted`.
+/// [`Avx512Dot`]'s `weighted_many` for `H` heads (the first `H` of `p`) and `M` runs of sixteen
+/// values: `H M` sums independent of each other (the adds of one cell overlap the last's; at
+/// most 16 accumulators, four V vectors and a broadcast: 21 of the 32 registers), each V vector
+/// loaded once for every head; each sum a fused multiply-add, in cell order, as `weighted`.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `v` holds every row read, each `p` every cell of `cells`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn weighted2_m<const M: usize>(
-    p: [&[f32]; 2],
+unsafe fn weighted_n_m<const H: usize, const M: usize>(
+    p: [&[f32]; HEADS],
     v: &[f32],
     stride: usize,
     cells: std::ops::Range<usize>,
-    out: &mut [[[f32; LANES]; 4]; 2],
+    out: &mut [[[f32; LANES]; 4]; HEADS],
 ) {
     use std::arch::x86_64::*;
-    assert!(M <= 4 && (cells.end == 0 || (cells.end - 1) * stride + M * LANES <= v.len()));
-    assert!(cells.end <= p[0].len() && cells.end <= p[1].len());
-    let mut acc = [[_mm512_setzero_ps(); M]; 2];
+    assert!(H <= HEADS && M <= 4);
+    assert!(cells.end == 0 || (cells.end - 1) * stride + M * LANES <= v.len());
+    assert!(p[..H].iter().all(|p| cells.end <= p.len()));
+    let mut acc = [[_mm512_setzero_ps(); M]; H];
     for c in cells {
         let row = v.as_ptr().add(c * stride);
         let vs: [__m512; M] = std::array::from_fn(|u| _mm512_loadu_ps(row.add(u * LANES)));
         for (h, a) in acc.iter_mut().enumerate() {
             let pc = _mm512_set1_ps(*p[h].get_unchecked(c));
             for (a, x) in a.iter_mut().zip(vs) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(pc, x));
+                *a = _mm512_fmadd_ps(pc, x, *a);
             }
         }
     }
