@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::wide::{quad, store_rows, Block16, COLUMNS, TILE};
+use super::wide::{quad, store_rows, Block16, COLUMNS, LONG_TILE, TILE};
 use super::{Activations, LANES};
 use crate::packed::Q6_BLOCK_BYTES;
 use crate::packed::{position, q6_at, quads_at, super_at, value_at, PACK, Q6_BIAS, SUPER};
@@ -295,6 +295,10 @@ const PACKED_AHEAD: usize = 4096;
 #[inline(always)]
 unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &Packed, y: &Output, n: usize, c0: usize) {
     let mut r0 = 0;
+    while r0 + LONG_TILE <= a.rows {
+        tile::<LONG_TILE, K>(a, g, r0, y, n, c0);
+        r0 += LONG_TILE;
+    }
     while r0 + TILE <= a.rows {
         tile::<TILE, K>(a, g, r0, y, n, c0);
         r0 += TILE;
@@ -383,23 +387,36 @@ unsafe fn tile<const R: usize, const K: u8>(
             }
             for r in 0..R {
                 let x = xq[r].add(b * BLOCK);
+                // as `wide::tile`: one chain of eight in a long tile, Q6's halves two of four
+                let one_chain = R >= LONG_TILE && K != Q6;
                 let mut s0 = _mm512_setzero_si512();
                 let mut s1 = _mm512_setzero_si512();
-                for j in 0..4 {
-                    s0 = _mm512_dpbusd_epi32(s0, u[j], quad(x, j));
-                    s1 = _mm512_dpbusd_epi32(s1, u[4 + j], quad(x, 4 + j));
+                if one_chain {
+                    for (j, u) in u.iter().enumerate() {
+                        s0 = _mm512_dpbusd_epi32(s0, *u, quad(x, j));
+                    }
+                } else {
+                    for j in 0..4 {
+                        s0 = _mm512_dpbusd_epi32(s0, u[j], quad(x, j));
+                        s1 = _mm512_dpbusd_epi32(s1, u[4 + j], quad(x, 4 + j));
+                    }
                 }
+                let whole = if one_chain {
+                    s0
+                } else {
+                    _mm512_add_epi32(s0, s1)
+                };
                 let d = _mm512_set1_ps(*a.d.as_ptr().add(at[r] + b));
                 if K == Q5_BLOCKS || K == Q5_BLOCKS_OFFSET {
                     let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
-                    let dots = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    let dots = _mm512_cvtepi32_ps(whole);
                     let isum = _mm512_fmadd_ps(low, sum, dots);
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
                     if K == Q5_BLOCKS_OFFSET {
                         acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), sum, acc[r]);
                     }
                 } else if K != Q6 {
-                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    let isum = _mm512_cvtepi32_ps(whole);
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, d), isum, acc[r]);
                     let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
                     acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(second, d), sum, acc[r]);
