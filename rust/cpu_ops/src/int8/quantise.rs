@@ -21,20 +21,27 @@ fn scale(amax_bits: u32) -> (f32, Option<f32>) {
     }
 }
 
-/// One row: `q` `[k]`, `d` and `sum` at least `[k / 32]` (only those written).
+/// One block's values besides its quants: `d`, `Σ q`, and `Σ q` over quants 0..16 and 16..32
+/// (`wide.rs`'s Q6 kinds correct their two half dots by them). The sums are exact integers.
+pub(super) struct Sums<'a> {
+    pub d: &'a mut [f32],
+    pub sum: &'a mut [f32],
+    pub lo: &'a mut [f32],
+    pub hi: &'a mut [f32],
+}
+
+/// One row: `q` `[k]`, each of `out` at least `[k / 32]` (only those written).
 ///
 /// `simd` asks for the AVX2 quantiser; the caller checked the CPU has AVX2 (an int8 kernel other
 /// than plain passed [`super::I8Kernel::assert_runs_here`]).
-pub(super) fn row(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [f32], simd: bool) {
-    assert!(
-        x.len() == q.len()
-            && x.len().is_multiple_of(BLOCK)
-            && d.len().min(sum.len()) >= x.len() / 32
-    );
+pub(super) fn row(x: &[f32], q: &mut [i8], out: Sums<'_>, simd: bool) {
+    let Sums { d, sum, lo, hi } = out;
+    let least = d.len().min(sum.len()).min(lo.len()).min(hi.len());
+    assert!(x.len() == q.len() && x.len().is_multiple_of(BLOCK) && least >= x.len() / 32);
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: AVX2 is present (above); the lengths were checked.
-        unsafe { avx2_row(x, q, d, sum) };
+        unsafe { avx2_row(x, q, Sums { d, sum, lo, hi }) };
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -46,14 +53,15 @@ pub(super) fn row(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [f32], simd:
     {
         let amax_bits = xb.iter().map(|v| v.to_bits() & 0x7fff_ffff).max();
         let (db, inverse) = scale(amax_bits.unwrap_or(0));
-        let mut s = 0i32;
-        for (qi, xi) in qb.iter_mut().zip(xb) {
+        let mut s = [0i32; 2];
+        for (i, (qi, xi)) in qb.iter_mut().zip(xb).enumerate() {
             // |x * (1 / d)| < 127.5 (see crate::int8), so the conversion never saturates
             *qi = inverse.map_or(0, |id| (xi * id).round_ties_even() as i8);
-            s += i32::from(*qi);
+            s[i / (BLOCK / 2)] += i32::from(*qi);
         }
         d[b] = db;
-        sum[b] = s as f32;
+        (lo[b], hi[b]) = (s[0] as f32, s[1] as f32);
+        sum[b] = (s[0] + s[1]) as f32;
     }
 }
 
@@ -61,7 +69,8 @@ pub(super) fn row(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [f32], simd:
 /// The CPU has AVX2; `row`'s lengths hold.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_row(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [f32]) {
+unsafe fn avx2_row(x: &[f32], q: &mut [i8], out: Sums<'_>) {
+    let Sums { d, sum, lo, hi } = out;
     use std::arch::x86_64::*;
     let magnitude = _mm256_set1_epi32(0x7fff_ffff);
     // vpackssdw / vpacksswb interleave 128-bit halves; this puts the dwords back in order
@@ -75,7 +84,7 @@ unsafe fn avx2_row(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [f32]) {
         let out = q.as_mut_ptr().add(b * BLOCK) as *mut __m256i;
         let Some(id) = inverse else {
             _mm256_storeu_si256(out, _mm256_setzero_si256());
-            (d[b], sum[b]) = (db, 0.0);
+            (d[b], sum[b], lo[b], hi[b]) = (db, 0.0, 0.0, 0.0);
             continue;
         };
         let id = _mm256_set1_ps(id);
@@ -86,13 +95,17 @@ unsafe fn avx2_row(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [f32]) {
                 { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
             >(t))
         });
-        let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let (first, second) = (
+            hsum_i32(_mm256_add_epi32(i[0], i[1])),
+            hsum_i32(_mm256_add_epi32(i[2], i[3])),
+        );
         let bytes = _mm256_packs_epi16(
             _mm256_packs_epi32(i[0], i[1]),
             _mm256_packs_epi32(i[2], i[3]),
         );
         _mm256_storeu_si256(out, _mm256_permutevar8x32_epi32(bytes, order));
-        (d[b], sum[b]) = (db, hsum_i32(s) as f32);
+        (d[b], lo[b], hi[b]) = (db, first as f32, second as f32);
+        sum[b] = (first + second) as f32;
     }
 }
 

@@ -75,17 +75,21 @@ impl I8Scratch {
         self.hi.resize(rows * padded, 0.0);
         (self.rows, self.k) = (rows, k);
         for r in 0..rows {
-            let (q, d, sum) = (
-                &mut self.q[r * k..(r + 1) * k],
-                &mut self.d[r * padded..(r + 1) * padded],
-                &mut self.sum[r * padded..(r + 1) * padded],
-            );
-            quantise::row(&x[r * k..(r + 1) * k], q, d, sum, kernel != I8Kernel::Plain);
-            // the buffers may hold an earlier call's values there
-            d[k / BLOCK..].fill(0.0);
-            sum[k / BLOCK..].fill(0.0);
+            let blocks = r * padded..(r + 1) * padded;
+            let sums = quantise::Sums {
+                d: &mut self.d[blocks.clone()],
+                sum: &mut self.sum[blocks.clone()],
+                lo: &mut self.lo[blocks.clone()],
+                hi: &mut self.hi[blocks],
+            };
+            let q = &mut self.q[r * k..(r + 1) * k];
+            let padding = k / BLOCK..padded;
+            // the buffers may hold an earlier call's values in the padding
+            for v in [&mut *sums.d, &mut *sums.sum, &mut *sums.lo, &mut *sums.hi] {
+                v[padding.clone()].fill(0.0);
+            }
+            quantise::row(&x[r * k..(r + 1) * k], q, sums, kernel != I8Kernel::Plain);
         }
-        half_sums(&self.q, k, &mut self.lo, &mut self.hi);
         self.q16.clear();
         if rows >= 2 && kernel == I8Kernel::Avx2 {
             // each quad as 0, 2, 1, 3: the pairs wide_avx2.rs widens the weights into
@@ -142,25 +146,6 @@ impl I8Scratch {
             pairs: &self.pairs,
             q16: &self.q16,
         }
-    }
-}
-
-/// Each block's `Σ q` over its first and second 16 quants (`q` `[rows, k]`; `lo` and `hi`
-/// `[rows, padded]`, the padding set to 0): exact integers, in any order.
-fn half_sums(q: &[i8], k: usize, lo: &mut [f32], hi: &mut [f32]) {
-    let (blocks, padded) = (k / BLOCK, padded_blocks(k));
-    let half = |h: &[i8]| h.iter().map(|v| i32::from(*v)).sum::<i32>() as f32;
-    for (r, row) in q.chunks_exact(k).enumerate() {
-        let (lo, hi) = (
-            &mut lo[r * padded..][..padded],
-            &mut hi[r * padded..][..padded],
-        );
-        for (b, block) in row.chunks_exact(BLOCK).enumerate() {
-            lo[b] = half(&block[..BLOCK / 2]);
-            hi[b] = half(&block[BLOCK / 2..]);
-        }
-        lo[blocks..].fill(0.0);
-        hi[blocks..].fill(0.0);
     }
 }
 
