@@ -337,6 +337,10 @@ pub(crate) struct Activations<'a> {
     pub sum: &'a [f32],
     /// `[rows, padded]` f32: each block's `Σ q` over weights 0..16 and 16..32, 0 in the padding.
     pub lo: &'a [f32],
+    /// `[rows, padded]`: `-128` times each block's `sum`, `lo` and `hi`, as i32 (0 in the
+    /// padding): where `wide.rs` starts a flipped kind's integer chain, so that it ends at
+    /// `Σ w q` with no float correction after.
+    pub bias: &'a [[i32; 3]],
     pub hi: &'a [f32],
     pub rows: usize,
     pub k: usize,
@@ -367,6 +371,7 @@ impl<'a> Activations<'a> {
             d: &self.d[by(p)],
             sum: &self.sum[by(p)],
             lo: &self.lo[by(p)],
+            bias: &self.bias[by(p)],
             hi: &self.hi[by(p)],
             rows: rows.len(),
             k,

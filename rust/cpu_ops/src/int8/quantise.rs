@@ -27,6 +27,8 @@ pub(super) struct Sums<'a> {
     pub d: &'a mut [f32],
     pub sum: &'a mut [f32],
     pub lo: &'a mut [f32],
+    /// `-128` times `sum`, `lo` and `hi`, as i32 (`super::Activations::bias`).
+    pub bias: &'a mut [[i32; 3]],
     pub hi: &'a mut [f32],
 }
 
@@ -35,13 +37,36 @@ pub(super) struct Sums<'a> {
 /// `simd` asks for the AVX2 quantiser; the caller checked the CPU has AVX2 (an int8 kernel other
 /// than plain passed [`super::I8Kernel::assert_runs_here`]).
 pub(super) fn row(x: &[f32], q: &mut [i8], out: Sums<'_>, simd: bool) {
-    let Sums { d, sum, lo, hi } = out;
-    let least = d.len().min(sum.len()).min(lo.len()).min(hi.len());
+    let Sums {
+        d,
+        sum,
+        lo,
+        hi,
+        bias,
+    } = out;
+    let least = d
+        .len()
+        .min(sum.len())
+        .min(lo.len())
+        .min(hi.len())
+        .min(bias.len());
     assert!(x.len() == q.len() && x.len().is_multiple_of(BLOCK) && least >= x.len() / 32);
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: AVX2 is present (above); the lengths were checked.
-        unsafe { avx2_row(x, q, Sums { d, sum, lo, hi }) };
+        unsafe {
+            avx2_row(
+                x,
+                q,
+                Sums {
+                    d,
+                    sum,
+                    lo,
+                    hi,
+                    bias,
+                },
+            )
+        };
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -62,6 +87,7 @@ pub(super) fn row(x: &[f32], q: &mut [i8], out: Sums<'_>, simd: bool) {
         d[b] = db;
         (lo[b], hi[b]) = (s[0] as f32, s[1] as f32);
         sum[b] = (s[0] + s[1]) as f32;
+        bias[b] = [s[0] + s[1], s[0], s[1]].map(|s| -128 * s);
     }
 }
 
@@ -70,7 +96,13 @@ pub(super) fn row(x: &[f32], q: &mut [i8], out: Sums<'_>, simd: bool) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2_row(x: &[f32], q: &mut [i8], out: Sums<'_>) {
-    let Sums { d, sum, lo, hi } = out;
+    let Sums {
+        d,
+        sum,
+        lo,
+        hi,
+        bias,
+    } = out;
     use std::arch::x86_64::*;
     let magnitude = _mm256_set1_epi32(0x7fff_ffff);
     // vpackssdw / vpacksswb interleave 128-bit halves; this puts the dwords back in order
@@ -85,6 +117,7 @@ unsafe fn avx2_row(x: &[f32], q: &mut [i8], out: Sums<'_>) {
         let Some(id) = inverse else {
             _mm256_storeu_si256(out, _mm256_setzero_si256());
             (d[b], sum[b], lo[b], hi[b]) = (db, 0.0, 0.0, 0.0);
+            bias[b] = [0; 3];
             continue;
         };
         let id = _mm256_set1_ps(id);
@@ -106,6 +139,7 @@ unsafe fn avx2_row(x: &[f32], q: &mut [i8], out: Sums<'_>) {
         _mm256_storeu_si256(out, _mm256_permutevar8x32_epi32(bytes, order));
         (d[b], lo[b], hi[b]) = (db, first as f32, second as f32);
         sum[b] = (first + second) as f32;
+        bias[b] = [first + second, first, second].map(|s| -128 * s);
     }
 }
 

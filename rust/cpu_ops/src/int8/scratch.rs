@@ -20,6 +20,8 @@ pub struct I8Scratch {
     /// `[rows, padded]`: each block's `Σ q` over its weights 0..16 (`lo`) and 16..32 (`hi`),
     /// exact, 0 in the padding (what `wide.rs` corrects Q6's two half sums by).
     lo: Vec<f32>,
+    /// `[rows, padded]`: `-128 (sum, lo, hi)` as i32, 0 in the padding (`Activations::bias`).
+    bias: Vec<[i32; 3]>,
     hi: Vec<f32>,
     /// One row's `q` laid out for `one_row.rs`; empty unless one row and a SIMD kernel.
     pairs: Vec<i8>,
@@ -72,6 +74,7 @@ impl I8Scratch {
         self.d.resize(rows * padded, 0.0);
         self.sum.resize(rows * padded, 0.0);
         self.lo.resize(rows * padded, 0.0);
+        self.bias.resize(rows * padded, [0; 3]);
         self.hi.resize(rows * padded, 0.0);
         (self.rows, self.k) = (rows, k);
         for r in 0..rows {
@@ -80,6 +83,7 @@ impl I8Scratch {
                 d: &mut self.d[blocks.clone()],
                 sum: &mut self.sum[blocks.clone()],
                 lo: &mut self.lo[blocks.clone()],
+                bias: &mut self.bias[blocks.clone()],
                 hi: &mut self.hi[blocks],
             };
             let q = &mut self.q[r * k..(r + 1) * k];
@@ -88,6 +92,7 @@ impl I8Scratch {
             for v in [&mut *sums.d, &mut *sums.sum, &mut *sums.lo, &mut *sums.hi] {
                 v[padding.clone()].fill(0.0);
             }
+            sums.bias[padding.clone()].fill([0; 3]);
             quantise::row(&x[r * k..(r + 1) * k], q, sums, kernel != I8Kernel::Plain);
         }
         self.q16.clear();
@@ -139,6 +144,7 @@ impl I8Scratch {
             d: &self.d[..self.rows * padded],
             sum: &self.sum[..self.rows * padded],
             lo: &self.lo[..self.rows * padded],
+            bias: &self.bias[..self.rows * padded],
             hi: &self.hi[..self.rows * padded],
             rows: self.rows,
             k: self.k,

@@ -17,9 +17,11 @@
 //! `plain::hsum`'s tree at the end.
 //!
 //! The integer sums are exact and equal the plain kernel's: `vpdpbusd` adds u8 × i8 quads into
-//! i32 with no intermediate saturation, and a flipped block's `Σ (w + 128) q` (at most
-//! `32 · 255 · 127 < 2^24`, exact as an f32) is corrected by `128 Σ q` in one fused `x − 128 s`,
-//! exact since every value is an integer below `2^24`. The float operations are the plain ones
+//! i32 with no intermediate saturation, and a flipped block's chain starts at `-128 Σ q` (the
+//! quantiser's `bias`), so it ends at `Σ (w + 128) q - 128 Σ q = Σ w q` (every partial sum below
+//! `2^24` in magnitude): the integer the plain kernel converts. (Until 2026-12-07 the chain
+//! started at 0 and the converted sum took `128 Σ q` off in one fused `x − 128 s`, exact too: the
+//! same bits, one float operation more per row and block, or two for q6's halves.) The float operations are the plain ones
 //! in the same order, so the bits are `plain.rs`'s (the tests check it).
 
 use std::arch::x86_64::*;
@@ -36,9 +38,11 @@ use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Wei
 pub(super) const COLUMNS: usize = 16;
 /// Rows multiplied together against one block's operands in registers.
 pub(super) const TILE: usize = 4;
-/// Rows of the tiles a call of many rows takes first: each row's block is one chain of eight
-/// `vpdpbusd` (Q6's two halves keep two chains of four), which eight rows' chains in flight keep
-/// busy, where four rows needed two chains a row and a `vpaddd` to join them: a 448 × 2048 ×
+/// Rows of the tiles a call of many rows takes first, for every kind but Q6: each row's block is
+/// one chain of eight `vpdpbusd`, which eight rows' chains in flight keep busy, where four rows
+/// needed two chains a row and a `vpaddd` to join them. (Q6's two halves need two chains a row,
+/// and eight rows of them do not fit the 32 registers: a 448-row Q6 product took 4.6-4.8 ns a
+/// unit below against 3.7-3.8 in tiles of four, so Q6 keeps those.) a 448 × 2048 ×
 /// 2048 Q4 product on one thread of a Sapphire Rapids VM went from 3.57-3.67 to 3.35-3.53 ns per
 /// (row, block, 16 columns) (`examples`, six alternations). The integer sums are exact either
 /// way: the same bits.
@@ -189,7 +193,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
 #[inline(always)]
 unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &[Block16], y: &Output, n: usize, c0: usize) {
     let mut r0 = 0;
-    while r0 + LONG_TILE <= a.rows {
+    while K != Q6 && r0 + LONG_TILE <= a.rows {
         tile::<LONG_TILE, K>(a, g, r0, y, n, c0);
         r0 += LONG_TILE;
     }
@@ -229,8 +233,17 @@ unsafe fn tile<const R: usize, const K: u8>(
                 // one chain of eight in a long tile (its other rows' chains overlap its
                 // latency), else two chains of four (`s0 + s1` the block's sum; Q6's halves)
                 let one_chain = R >= LONG_TILE && K != Q6;
-                let mut s0 = _mm512_setzero_si512();
-                let mut s1 = _mm512_setzero_si512();
+                // the flipped kinds' chains start at -128 Σ q (of the block, or of each half):
+                // they end at Σ w q, exact, with no correction after (`corrected`'s value)
+                let bias = a.bias.as_ptr().add(at[r] + b).cast::<i32>();
+                let (mut s0, mut s1) = match K {
+                    Q4 => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+                    Q6 => (
+                        _mm512_set1_epi32(*bias.add(1)),
+                        _mm512_set1_epi32(*bias.add(2)),
+                    ),
+                    _ => (_mm512_set1_epi32(*bias), _mm512_setzero_si512()),
+                };
                 if one_chain {
                     for (j, u) in u.iter().enumerate() {
                         s0 = _mm512_dpbusd_epi32(s0, *u, quad(x, j));
@@ -257,15 +270,14 @@ unsafe fn tile<const R: usize, const K: u8>(
                     }
                     Q8 | Q8_OFFSET => {
                         let sum = _mm512_set1_ps(*a.sum.as_ptr().add(at[r] + b));
-                        let isum = corrected(dots, sum);
+                        let isum = _mm512_cvtepi32_ps(dots);
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.scale[0], d), isum, *acc);
                         if K == Q8_OFFSET {
                             *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.offset, d), sum, *acc);
                         }
                     }
                     _ => {
-                        let lo = corrected(s0, _mm512_set1_ps(*a.lo.as_ptr().add(at[r] + b)));
-                        let hi = corrected(s1, _mm512_set1_ps(*a.hi.as_ptr().add(at[r] + b)));
+                        let (lo, hi) = (_mm512_cvtepi32_ps(s0), _mm512_cvtepi32_ps(s1));
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.scale[0], d), lo, *acc);
                         *acc = _mm512_fmadd_ps(_mm512_mul_ps(blk.scale[1], d), hi, *acc);
                     }
@@ -283,14 +295,6 @@ unsafe fn tile<const R: usize, const K: u8>(
 #[inline(always)]
 pub(super) unsafe fn quad(x: *const i8, j: usize) -> __m512i {
     _mm512_set1_epi32((x.add(4 * j) as *const i32).read_unaligned())
-}
-
-/// A flipped block's dot `Σ (w + 128) q` less `128 Σ q` (`sum`, an exact integer as an f32),
-/// as f32: every value an integer below `2^24`, so the conversion and the fused `x − 128 s` are
-/// exact and give `Σ w q`, bitwise what converting the integer gives.
-#[inline(always)]
-pub(super) unsafe fn corrected(dots: __m512i, sum: __m512) -> __m512 {
-    _mm512_fnmadd_ps(sum, _mm512_set1_ps(128.0), _mm512_cvtepi32_ps(dots))
 }
 
 /// The sixteen columns' value of each of `blocks` blocks from `p` (`[n, blocks * per]`, column

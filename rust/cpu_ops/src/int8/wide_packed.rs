@@ -295,7 +295,7 @@ const PACKED_AHEAD: usize = 4096;
 #[inline(always)]
 unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &Packed, y: &Output, n: usize, c0: usize) {
     let mut r0 = 0;
-    while r0 + LONG_TILE <= a.rows {
+    while K != Q6 && r0 + LONG_TILE <= a.rows {
         tile::<LONG_TILE, K>(a, g, r0, y, n, c0);
         r0 += LONG_TILE;
     }
