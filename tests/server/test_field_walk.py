@@ -35,10 +35,12 @@ COMPLETION_EOS: JSON = {
 }
 SAMPLED: JSON = {"temperature": 1.5, "seed": 7}  # seeded: sampling fields change a fixed draw
 # Penalties act on tokens already out, so they need an output long enough to repeat some whose
-# lead is not overwhelming: a seeded poem in chat, the number sequence's commas in completions.
+# lead is not overwhelming: a seeded poem in chat, greedy prose in completions (the number
+# sequence's commas lead by more than a presence penalty of 2 nats: since the attention's sums
+# were fused, 2026-12-07, that penalty left " 6, 7, 8, ..." as it was).
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 CHAT_PENALTY: JSON = {"messages": POEM, "temperature": 0.8, "seed": 7, "max_tokens": 24}
-COMPLETION_PENALTY: JSON = {"max_tokens": 24}
+COMPLETION_PENALTY: JSON = {"prompt": "The sea is", "max_tokens": 24}
 SCHEMA: JSON = {
     "type": "object",
     "properties": {"count": {"type": "integer"}},
