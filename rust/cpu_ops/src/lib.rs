@@ -59,7 +59,9 @@ mod weights;
 
 pub use attention::{decode_attention, decode_attention_with, DecodeAttention, KvValues, Scores};
 pub use dense::{matmul_dense, DenseKernel};
-pub use int8::{matmul_i8, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch};
+pub use int8::{
+    matmul_i8, matmul_i8_parts, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch,
+};
 pub use iq4::IQ4_TABLE;
 pub use norm::rms_norm;
 pub use packed::{pack_q4, pack_q6, q6_packed_lengths, PACK};

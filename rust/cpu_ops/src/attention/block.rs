@@ -42,6 +42,13 @@ const WIDE_ENTRIES: usize = 1;
 /// in pages scattered over the pool, where the hardware prefetcher cannot follow.
 const PREFETCH_CELLS: usize = 6;
 
+/// V values (of a task's cells and KV heads) above which one entry's weighted sums read the
+/// rows straight from the pool instead of from a widened copy (256 KiB of f32). The copy lets
+/// the sums stay in registers across the cells, and eight sequences' decode attention took
+/// 14-36 % less time with it (AVX2 and AVX-512, contexts of 150 to 1000, f16 pool); but a copy
+/// larger than L2 is written and read from further down: at 16,000 cells it took 1.45x the time.
+const STREAM_V_VALUES: usize = 64 * 1024;
+
 /// One thread's buffers, kept across its tasks.
 #[derive(Default)]
 pub(super) struct Scratch {
@@ -100,6 +107,15 @@ fn sum_of(row: &[f32]) -> f32 {
     crate::lane_tree::fold(&lanes)
 }
 
+/// `v` at least `len` long: grown with zeros where shorter, its values otherwise left as they are
+/// (the caller writes each before reading it).
+#[inline(always)]
+fn at_least(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
 /// Entries `block` against KV heads `heads`: their query heads' outputs into `out`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -120,9 +136,11 @@ pub(super) fn task<R: Rows, D: Dot>(
     block.union(a, &mut s.union);
     let cells = s.union.len();
     let q_heads = n * group; // per entry
-    s.scores.clear();
-    s.scores.resize(entries * q_heads * cells, 0.0);
-    s.wide.resize(n * d, 0.0);
+
+    // every score is written before it is read (each entry's own cells only), so the buffers only
+    // grow: clearing them was a `memset` a task, a tenth of an eight-row decode's attention
+    at_least(&mut s.scores, entries * q_heads * cells);
+    at_least(&mut s.wide, n * d);
     let ranges: [std::ops::Range<usize>; BLOCK_ENTRIES] = std::array::from_fn(|i| {
         if i < entries {
             block.range(a, block.entries.start + i)
@@ -140,8 +158,8 @@ pub(super) fn task<R: Rows, D: Dot>(
         // sixteen cells' K rows at a time (widened where stored narrower), then each query's
         // scores of the cells it attends to among them, sixteen dots at once
         let row_len = n * d;
-        s.kt.clear();
-        s.kt.resize(LANES * row_len, 0.0);
+        // a tile's rows past its last cell hold stale values: their dots are computed and dropped
+        at_least(&mut s.kt, LANES * row_len);
         let mut dots = [0.0f32; LANES];
         for tile in 0..cells.div_ceil(LANES) {
             let first = tile * LANES;
@@ -210,8 +228,10 @@ pub(super) fn task<R: Rows, D: Dot>(
             row.iter_mut().for_each(|x| *x *= inv);
         }
     }
-    if entries == 1 {
-        // one entry: each V row straight from the pool into every head's sums
+    if entries == 1 && cells * n * d > STREAM_V_VALUES {
+        // one entry with a long context: each V row straight from the pool into every head's
+        // sums (kept in memory), so the rows are read once rather than widened into a copy
+        // larger than the core's L2 and read again
         s.acc.clear();
         s.acc.resize(q_heads * d, 0.0);
         for c in 0..cells {
@@ -239,14 +259,12 @@ pub(super) fn task<R: Rows, D: Dot>(
     }
     // weighted sums: the union's V rows widened once, then each (entry, query head) over its
     // cells, sixteen values of the output at a time (kept in registers across the cells)
-    s.acc.clear();
-    s.acc.resize(cells * n * d, 0.0);
+    at_least(&mut s.acc, cells * n * d); // every row written below
     for c in 0..cells {
         if let Some(&ahead) = s.union.get(c + PREFETCH_CELLS) {
             v_all.prefetch(at(ahead), n * d);
         }
-        let v = v_all.row(at(s.union[c]), n * d, &mut s.wide);
-        s.acc[c * n * d..][..n * d].copy_from_slice(v);
+        v_all.row_into(at(s.union[c]), n * d, &mut s.acc[c * n * d..]);
     }
     let whole = d - d % LANES;
     for (e, range) in ranges.iter().enumerate().take(entries) {

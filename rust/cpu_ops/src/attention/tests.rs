@@ -144,22 +144,27 @@ fn a_prompt_chunks_rows_in_blocks_give_each_rows_bits_alone() {
     // query heads of a KV head go up to four at a time (`dot::HEADS`): 2, 3, 4 and 5 (four,
     // then one) take every count
     for (d, group) in [(40, 3), (56, 3), (64, 3), (64, 4), (40, 5), (56, 2)] {
-        rows_in_blocks_give_each_rows_bits_alone(d, group);
+        rows_in_blocks_give_each_rows_bits_alone(d, group, 20);
     }
+    // a row alone past `block::STREAM_V_VALUES` (1100 cells of a 64-value head) reads its V
+    // rows from the pool; in a block, from their widened copy
+    rows_in_blocks_give_each_rows_bits_alone(64, 3, 1100);
 }
 
-fn rows_in_blocks_give_each_rows_bits_alone(d: usize, group: usize) {
+fn rows_in_blocks_give_each_rows_bits_alone(d: usize, group: usize, p0: usize) {
     let kv = 2;
     let heads = kv * group;
-    let n_cells = 300;
+    let n_cells = if p0 > 100 { 1301 } else { 300 };
     let mut seed = 11;
     let n = n_cells * kv * d;
     let (k16, v16) = (f16_bits(n, &mut seed), f16_bits(n, &mut seed));
     // the sequence's cells, scattered over the pool as pages would be
-    let list: Vec<i64> = (0..60i64).map(|c| (c * 37 + 5) % n_cells as i64).collect();
+    let list: Vec<i64> = (0..p0 as i64 + 40)
+        .map(|c| (c * 37 + 5) % n_cells as i64)
+        .collect();
     for window in [0usize, 9] {
-        // rows at positions 20..37 (17 of them: blocks of 8, 8 and 1), then another sequence's
-        let positions: Vec<usize> = (20..37).collect();
+        // rows at positions p0..p0 + 17 (blocks of 8, 8 and 1), then another sequence's
+        let positions: Vec<usize> = (p0..p0 + 17).collect();
         let first = |p: usize| {
             if window == 0 {
                 0
@@ -167,7 +172,7 @@ fn rows_in_blocks_give_each_rows_bits_alone(d: usize, group: usize) {
                 (p + 1).saturating_sub(window)
             }
         };
-        let stride = 40;
+        let stride = p0 + 20;
         let (mut cells, mut context) = (Vec::new(), Vec::new());
         for &p in &positions {
             let mine = &list[first(p)..=p];

@@ -2,7 +2,7 @@
 
 use super::{sized, Act, Dot, KvCells, Layer, Mlp, Model, Shape, Step, Workspace};
 use crate::attention::{decode_attention_with, DecodeAttention};
-use crate::int8::{matmul_i8, I8Kernel, I8Scratch};
+use crate::int8::{matmul_i8, matmul_i8_parts, I8Kernel, I8Scratch};
 use crate::norm::rms_norm;
 use crate::product::product;
 use crate::shape::ShapeError;
@@ -40,6 +40,10 @@ fn matmul_parts(
 ) -> Result<(), ShapeError> {
     if let [one] = parts {
         return matmul(dot, x, rows, *one, y, scratch);
+    }
+    let blocks = |w: &Weights<'_>| !matches!(w, Weights::Dense(_));
+    if dot == Dot::Int8 && parts.iter().all(blocks) {
+        return matmul_i8_parts(x, rows, parts, y, I8Kernel::best(), scratch, part);
     }
     let width: usize = parts.iter().map(|w| w.n()).sum();
     if rows == 0 || y.len() != rows * width {

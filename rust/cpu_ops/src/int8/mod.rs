@@ -85,6 +85,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod one_row;
 mod packed_columns;
+mod parts;
 mod plain;
 #[cfg(target_arch = "x86_64")]
 mod q6;
@@ -111,6 +112,7 @@ mod wide_avx2_packed;
 #[cfg(target_arch = "x86_64")]
 mod wide_packed;
 
+pub use parts::matmul_i8_parts;
 pub use scratch::{I8Scratch, QuantisedRow};
 
 use crate::isa::{self, Isa};
@@ -286,45 +288,57 @@ fn product(kernel: I8Kernel, a: &Activations<'_>, w: Weights<'_>, out: &Output) 
     let n = w.n();
     let col = |c: usize| (c * COLUMN_CHUNK).min(n);
     threads::parallel(n.div_ceil(COLUMN_CHUNK), n * w.k(), &|chunks| {
-        let cols = col(chunks.start)..col(chunks.end);
-        match w {
-            #[cfg(target_arch = "x86_64")]
-            Weights::Iq4(w) if kernel != I8Kernel::Plain && !a.pairs.is_empty() => {
-                // SAFETY: the kernel runs here (matmul_i8 checked); `pairs` is set for one row.
-                unsafe {
-                    match kernel {
-                        I8Kernel::Avx512Vnni => vnni::one_row_iq4(&a, w, cols, out),
-                        _ => avx2::one_row_iq4(&a, w, cols, out),
-                    }
-                }
-            }
-            Weights::Iq4(iq4) => {
-                let mut c = cols.start;
-                #[cfg(target_arch = "x86_64")]
-                if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
-                    while c + wide::COLUMNS <= cols.end {
-                        // SAFETY: the kernel runs here (matmul_i8 checked), the group lies
-                        // inside the matrix and `a` was quantised for `w`.
-                        unsafe { wide::group(&a, w, c, out) };
-                        c += wide::COLUMNS;
-                    }
-                }
-                #[cfg(target_arch = "x86_64")]
-                if kernel == I8Kernel::Avx2 && wide_avx2::takes(&a, &w) {
-                    while c + wide_avx2::COLUMNS <= cols.end {
-                        // SAFETY: as above, with AVX2 and FMA.
-                        unsafe { wide_avx2::group(&a, w, c, out) };
-                        c += wide_avx2::COLUMNS;
-                    }
-                }
-                // the rest on q8 blocks expanded a few columns at a time
-                crate::iq4::expanded_columns(iq4, a.rows, c..cols.end, out, &|w, c, y| {
-                    columns(kernel, &a, w, c, y)
-                })
-            }
-            _ => columns(kernel, &a, w, cols, out),
-        }
+        some_columns(kernel, &a, w, col(chunks.start)..col(chunks.end), out)
     });
+}
+
+/// Output columns `cols` of every row of `a`: one thread's piece of a product (a run of whole
+/// [`COLUMN_CHUNK`]s, the last one possibly short).
+pub(super) fn some_columns(
+    kernel: I8Kernel,
+    a: &Activations<'_>,
+    w: Weights<'_>,
+    cols: std::ops::Range<usize>,
+    out: &Output,
+) {
+    let a = *a;
+    match w {
+        #[cfg(target_arch = "x86_64")]
+        Weights::Iq4(w) if kernel != I8Kernel::Plain && !a.pairs.is_empty() => {
+            // SAFETY: the kernel runs here (matmul_i8 checked); `pairs` is set for one row.
+            unsafe {
+                match kernel {
+                    I8Kernel::Avx512Vnni => vnni::one_row_iq4(&a, w, cols, out),
+                    _ => avx2::one_row_iq4(&a, w, cols, out),
+                }
+            }
+        }
+        Weights::Iq4(iq4) => {
+            let mut c = cols.start;
+            #[cfg(target_arch = "x86_64")]
+            if kernel == I8Kernel::Avx512Vnni && wide::takes(a.rows, &w) {
+                while c + wide::COLUMNS <= cols.end {
+                    // SAFETY: the kernel runs here (matmul_i8 checked), the group lies
+                    // inside the matrix and `a` was quantised for `w`.
+                    unsafe { wide::group(&a, w, c, out) };
+                    c += wide::COLUMNS;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if kernel == I8Kernel::Avx2 && wide_avx2::takes(&a, &w) {
+                while c + wide_avx2::COLUMNS <= cols.end {
+                    // SAFETY: as above, with AVX2 and FMA.
+                    unsafe { wide_avx2::group(&a, w, c, out) };
+                    c += wide_avx2::COLUMNS;
+                }
+            }
+            // the rest on q8 blocks expanded a few columns at a time
+            crate::iq4::expanded_columns(iq4, a.rows, c..cols.end, out, &|w, c, y| {
+                columns(kernel, &a, w, c, y)
+            })
+        }
+        _ => columns(kernel, &a, w, cols, out),
+    }
 }
 
 /// The quantised activations of one call, as the kernels read them.
