@@ -18,7 +18,18 @@ from kvpark.config.layers import ModelConfig
 from kvpark.model.ops import cpu_attention
 from kvpark.runner.cpu_paths import PROMPT_MIN_ROWS, resolve_cpu_paths
 from kvpark.runner.lean_runner import LeanCpuRunner
-from support.llamacpp import Agreement, Steps, common_prefix, judge, load_reference, run_steps
+from support.llamacpp import (
+    TOP,
+    Agreement,
+    Step,
+    Steps,
+    common_prefix,
+    judge,
+    load_reference,
+    run_steps,
+    step_fault,
+    tops,
+)
 
 # the parity prompts of tests/model/test_model_parity.py
 QUESTIONS = [
@@ -29,11 +40,11 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
-    """32 greedy tokens of each parity prompt with its prompt computed by each path (the chunk
-    threshold lowered so that these short prompts take it)."""
+def greedy_by_prompt_path() -> dict[str, list[list[Step]]]:
+    """32 greedy steps (token and best log-probabilities) of each parity prompt with its prompt
+    computed by each path (the chunk threshold lowered so that these short prompts take it)."""
     torch.set_num_threads(1)
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=TOP)
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     out = {}
     for path in ("same", "float32", "bfloat16"):
@@ -51,19 +62,30 @@ def greedy_by_prompt_path() -> dict[str, list[list[int]]]:
         if path != "same":
             assert runner.prompt_min_rows == PROMPT_MIN_ROWS
             runner.prompt_min_rows = 2
-        out[path] = [o.token_ids for o in llm.chat(chats, params)]
+        out[path] = [tops(o) for o in llm.chat(chats, params)]
     return out
 
 
 @pytest.mark.parametrize("path", ["float32", "bfloat16"])
 def test_a_dense_prompt_path_keeps_float32s_greedy_tokens(
-    greedy_by_prompt_path: dict[str, list[list[int]]], path: str
+    greedy_by_prompt_path: dict[str, list[list[Step]]], path: str
 ) -> None:
     """The condition a dense prompt path meets before it may be offered: on the parity prompts,
-    its greedy tokens equal the float32 block path's for 32 tokens."""
+    its greedy tokens equal the float32 block path's, up to a step where the two part at a
+    near-tie by test_llamacpp_greedy's rule (``step_fault``, the block path the reference).
+    Where they part depends on the machine: torch's bf16 GEMM rounds differently on AVX-512 and
+    on AVX2 (``KVPARK_CPU_ISA=avx2`` caps torch too), and the third prompt's 21st step is such a
+    near-tie on AVX2."""
     want = greedy_by_prompt_path["same"]
     assert all(len(t) == 32 for t in want)
-    assert greedy_by_prompt_path[path] == want
+    for k, (mine, theirs) in enumerate(zip(greedy_by_prompt_path[path], want, strict=True)):
+        n = common_prefix([t for t, _ in mine], [t for t, _ in theirs])
+        if n == len(theirs):
+            continue
+        # the same context up to step n: the dense path's pick against the block path's two best
+        best = sorted(theirs[n][1].items(), key=lambda item: -item[1])[:2]
+        fault = step_fault(mine[n][0], mine[n][1], [[t, lp] for t, lp in best])
+        assert fault is None, f"prompt {k} step {n}: {fault}"
 
 
 def test_greedy_tokens_do_not_change_beside_a_dense_prompt_chunk() -> None:
