@@ -154,6 +154,22 @@ class StepCells:
         decoding = sum(len(r.live_sequences) for r in running)
         return self.pool.can_fit(cells + promised + decoding * self.page_size)
 
+    def family_room(self, req: Request, running: list[Request], chunk: int) -> bool:
+        """Whether an ``n > 1`` head may join the running ``n > 1`` requests: only if all of them
+        can hold their most cells (:meth:`family_cells`) at once. Once its prompt has forked, a
+        family never parks (its choices share pages still being written), so two that outgrew
+        the pool together would stall each other until one failed; anyone else can be parked."""
+        if req.params.n == 1:
+            return True
+        families = [r for r in running if r.params.n > 1]
+        if not families:  # alone it fails only where it could not fit an empty pool either
+            return True
+        cells = sum(
+            self.family_cells(len(r.prompt_ids), r.params.n, r.params.max_tokens, chunk)
+            for r in (*families, req)
+        )
+        return cells <= self.pool.n_cells
+
     def decode_shortfall(
         self, rows: dict[int, int], by_seq: dict[int, tuple[Request, Sequence]]
     ) -> int:
@@ -179,6 +195,19 @@ class StepCells:
         if rows < seq.pending_rows or len(req.sequences) >= req.params.n:
             return 0
         return self.fork_copy_cells(req.params.n - len(req.sequences) + 1, len(seq.tokens))
+
+    def family_cells(self, prompt_len: int, n: int, max_tokens: int, chunk: int) -> int:
+        """The most cells an ``n > 1`` request can ever hold: its prompt's full pages, shared, and
+        each choice's own pages from the partly used one to its last stored token (its last
+        draw is never stored); behind a sliding window, no choice more than its window, nor the
+        prompt more than one ``chunk``'s."""
+        ps = self.page_size
+        shared = prompt_len // ps
+        own = -(-(prompt_len + max_tokens - 1) // ps) - shared
+        cells = (shared + n * own) * ps
+        if self.window is None:
+            return cells
+        return min(cells, max(n * self.window_cells(1), self.window_cells(chunk)))
 
     def fork_copy_cells(self, n: int, prompt_len: int) -> int:
         """Cells the fork of a ``prompt_len`` prompt into ``n`` choices copies: each child takes

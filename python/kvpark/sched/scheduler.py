@@ -13,6 +13,7 @@ step's cells and exporting its plan: ``cells.py``; a park's way out of the pool 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from kvpark._core import KvPool
@@ -25,6 +26,7 @@ from kvpark.sched.wait_queue import WaitQueue
 from kvpark.sched.window_space import WindowSpace
 
 CONTEXT_ERROR = "Context size has been exceeded."
+log = logging.getLogger("kvpark.sched")
 
 
 @dataclass
@@ -217,8 +219,10 @@ class Scheduler(Parks):
         elif not items and not self.transferring:
             # a real overflow: nothing runs that could free a cell, so the newest stalled
             # request fails and the others wait for its cells
-            outcome.failed.append(stalled[-1])
-            self.release(stalled[-1])
+            newest = stalled[-1]
+            log.warning("request %s lacks a cell, nothing runs: failing it", newest.request_id)
+            outcome.failed.append(newest)
+            self.release(newest)
         return self._export(items), outcome
 
     def _admit(
@@ -242,10 +246,13 @@ class Scheduler(Parks):
                 need = min(need, self.cells.window_cells(rows))
             if hit + rows == len(prompt):  # the whole prompt this step: its fork copies too
                 need += self.cells.fork_copy_cells(req.params.n, len(prompt))
+            if not self.cells.family_room(req, self.running, self.config.max_batch_tokens):
+                return
             if not self.cells.admission_fits(need, self.running, promised):
                 if not self.running and not items:
                     self.waiting.pop_head()
-                    outcome.failed.append(req)  # cannot fit even an empty pool
+                    log.warning("request %s cannot fit an empty pool: failing it", req.request_id)
+                    outcome.failed.append(req)
                     continue
                 return
             self.waiting.pop_head()

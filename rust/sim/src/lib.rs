@@ -11,13 +11,14 @@
 //! planner said would fit, the RAM budget, a swap buffer smaller than its state, an action that
 //! names the wrong request (a family or last running request parked for pressure, a resume of a
 //! request that is not parked, an idle buffer given back while it holds a state), a context
-//! error for a request that fits the pool alone (families excepted: they are never parked, so
-//! two of them can overflow), progress (some token generated or request ended) within a bound,
+//! error for a request that fits the pool alone (a family too: it is never parked, so admission
+//! keeps room for every running family's peak), progress (some token generated or request ended) within a bound,
 //! a parked head resuming within a bound, and every request ending.
 //!
 //! Engine behaviour modelled (the Python side's, as the planner expects it):
 //! - admission is FIFO and head of line, only while nothing is parked, only if the first chunk
-//!   plus a page per decoding sequence is free; a prompt longer than the pool, or a request
+//!   plus a page per decoding sequence is free, and a family only if the running families' peaks
+//!   and its own fit the pool together (or none runs); a prompt longer than the pool, or a request
 //!   wanting more sequences than there are slots, is refused;
 //! - rows: decodes first, then prompt and replay chunks oldest first, within the row budget;
 //!   a request resumed by the plan runs in the same step with the rows left over (the Python

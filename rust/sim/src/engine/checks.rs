@@ -132,6 +132,14 @@ impl Sim {
             return Ok(());
         }
         let r = &self.reqs[i];
+        if r.family() && r.peak_cells(self.cfg.page_size) <= self.cfg.n_cells {
+            // admission kept room for every running family's peak; anyone else can be parked
+            return self.fail(format!(
+                "context error for family {}, which fits alone, beside {} others",
+                r.id,
+                running.len() - 1
+            ));
+        }
         if !r.family() && r.peak_cells(self.cfg.page_size) <= self.cfg.n_cells {
             let families = running.iter().filter(|&&j| self.reqs[j].family()).count();
             if running.len() - families > 1 {

@@ -37,7 +37,7 @@ impl Sim {
             let rows = (spec.prompt_len - hit).min(self.cfg.max_batch_tokens);
             let room = self.pool.cells_to_admit(&seq.tokens, max_hit, hit + rows);
             let fits = self.pool.can_fit(room + decoding * ps);
-            if parked || free_slots < spec.n || !fits {
+            if parked || free_slots < spec.n || !fits || !self.family_room(i) {
                 return; // head of line: nobody passes it
             }
             let n = spec.n;
@@ -61,6 +61,23 @@ impl Sim {
             req.seqs.push(seq);
             req.phase = Phase::Running;
         }
+    }
+
+    /// Whether head `i` may start: a family joins the running families only if all of them can
+    /// reach their peaks at once, since a forked family is never parked (the Python
+    /// scheduler's `StepCells.family_room`); alone it always may.
+    fn family_room(&self, i: usize) -> bool {
+        let ps = self.cfg.page_size;
+        let families: Vec<usize> = self
+            .running()
+            .into_iter()
+            .filter(|&j| self.reqs[j].family())
+            .collect();
+        if !self.reqs[i].family() || families.is_empty() {
+            return true;
+        }
+        let peaks: usize = families.iter().map(|&j| self.reqs[j].peak_cells(ps)).sum();
+        peaks + self.reqs[i].peak_cells(ps) <= self.cfg.n_cells
     }
 
     pub(super) fn new_seq(&mut self) -> SeqId {
