@@ -80,3 +80,19 @@ def test_the_rule_holds_back_only_a_family_beside_families() -> None:
     assert room(request("d", 200, max_tokens=100), sched.running, 64) is True  # n = 1
     sched.release(sched.running[0])
     assert room(request("b", 20, n=2, max_tokens=20), sched.running, 64) is True  # none left
+
+
+def test_a_finished_choice_gives_its_room_back() -> None:
+    # a (3 choices of 40) reaches 10 pages: its prompt's full page and 3 of each choice's own;
+    # b (2 choices) needs 7 more: 17 pages > 14 until one of a's choices has ended
+    sched = make(kv_cells=224, page_size=16, parallel=8, budget=64)
+    a = request("a", 20, n=3, max_tokens=40)
+    b = request("b", 20, n=2, max_tokens=40)
+    sched.add(a)
+    plan, _ = sched.schedule()
+    advance(sched, plan)
+    assert len(a.sequences) == 3
+    room = sched.cells.family_room
+    assert room(b, sched.running, 64) is False
+    sched.finish_sequence(a.sequences[1], "stop")
+    assert room(b, sched.running, 64) is True  # 1 + 2 * 3 + 7 = 14 pages

@@ -20,6 +20,13 @@ from kvpark.sched.request import Request, Sequence
 from kvpark.sched.window_space import WindowSpace
 
 
+def _choices_left(req: Request) -> int:
+    """The choices of an ``n > 1`` request that may still grow: all ``n`` until its prompt
+    forks, then those not finished (a finished choice's own pages went back)."""
+    forked = len(req.sequences) == req.params.n
+    return len(req.live_sequences) if forked else req.params.n
+
+
 def step_item(seq: Sequence, rows: int) -> StepItem:
     """The next ``rows`` rows of ``seq``; it samples when they reach its last known token."""
     start = seq.num_computed
@@ -165,7 +172,7 @@ class StepCells:
         if not families:  # alone it fails only where it could not fit an empty pool either
             return True
         cells = sum(
-            self.family_cells(len(r.prompt_ids), r.params.n, r.params.max_tokens, chunk)
+            self.family_cells(len(r.prompt_ids), _choices_left(r), r.params.max_tokens, chunk)
             for r in (*families, req)
         )
         return cells <= self.pool.n_cells
