@@ -111,6 +111,12 @@ KNOBS: dict[str, Knob] = {
             "q6 and Q5_K then take 10 bits a weight, not 6.5 or 5.5; for measuring).",
         ),
         Knob(
+            "KVPARK_HUGE_PAGES",
+            "on",
+            "off: leave the lean runner's matrices in numpy's own arrays instead of one mapping "
+            "advised for transparent huge pages (same bits; for measuring).",
+        ),
+        Knob(
             "KVPARK_CPU_ISA",
             "auto",
             "Cap the CPU paths at avx512, avx2 or plain (auto: what the CPU has): the Rust "
@@ -150,6 +156,7 @@ class Knobs:
     preempt_planner: bool = True
     gc_freeze: bool = True
     release_gpu_libs: bool = True
+    huge_pages: bool = True
     # the step (1-based, steps that run the model) each fault hits; 0: never
     fault_step: frozenset[int] = frozenset()  # KVPARK_FAULT_STEP may name several
     fault_panic: int = 0
@@ -168,6 +175,7 @@ class Knobs:
             preempt_planner=planner == "on",
             gc_freeze=_bool_knob("KVPARK_GC_FREEZE", environ),
             release_gpu_libs=_bool_knob("KVPARK_RELEASE_GPU_LIBS", environ),
+            huge_pages=_bool_knob("KVPARK_HUGE_PAGES", environ),
             fault_step=_steps_knob("KVPARK_FAULT_STEP", environ),
             fault_panic=_count_knob("KVPARK_FAULT_PANIC", environ),
             fault_wedge=_count_knob("KVPARK_FAULT_WEDGE", environ),

@@ -98,6 +98,12 @@ class NumpyWeights(Generic[M]):
     # embedding", "the head" -> the tensor and its format, or the fused parts' kinds
     unfit_why: dict[str, str] = field(default_factory=dict)
 
+    def matrix_parts(self) -> list[Single]:
+        """Every matrix's tensors (a fused matrix's parts), the embedding's and a head's own."""
+        matrices: list[Matrix] = [m for layer in self.layers for m in layer.matrices.values()]
+        matrices += [self.embed] + ([] if self.head is self.embed else [self.head])
+        return [p for m in matrices for p in (m.parts if isinstance(m, Stacked) else (m,))]
+
     @property
     def nbytes(self) -> int:
         arrays: list[Matrix] = [m for layer in self.layers for m in layer.matrices.values()]

@@ -50,6 +50,7 @@ from kvpark.runner.cpu_decoder import (
 )
 from kvpark.runner.cpu_paths import CpuPaths, exact_cpu_threads, resolve_cpu_paths
 from kvpark.runner.devices import device_kind
+from kvpark.runner.huge_pages import move_weights
 from kvpark.runner.numpy_pool import NumpyKVPool
 from kvpark.runner.packed_blocks import pack_weights, packed_blocks, packed_kinds
 from kvpark.runner.step_rows import sampled_rows
@@ -87,14 +88,7 @@ class LeanCpuRunner:
         self.model_config = model_config
         # the q4 (and q6) matrices in the layout the kernels read in place (packed_blocks.py)
         pack_weights(weights, packed_kinds())
-        self.embed_matrix, self.head_matrix, self.matrices = decoder_matrices(weights)
-        kinds = {
-            isinstance(p, Blocks)
-            for layer in self.matrices
-            for m in layer.values()
-            for p in (m if isinstance(m, tuple) else (m,))
-        }
-        kinds |= {isinstance(self.embed_matrix, Blocks), isinstance(self.head_matrix, Blocks)}
+        kinds = {isinstance(p, Blocks) for p in weights.matrix_parts()}
         # what /props shows: the weights this model holds (a safetensors model has no blocks)
         self.cpu_paths: CpuPaths = replace(
             resolve_cpu_paths(model_config), blocks=True in kinds, dense=False in kinds
@@ -115,6 +109,9 @@ class LeanCpuRunner:
             self.page_size,
             self.cpu_paths.kv_dtype,
         )
+        # after the pool, whose untouched pages would otherwise reuse the heap the move frees
+        self._arena = move_weights(weights)  # onto huge pages (huge_pages.py)
+        self.embed_matrix, self.head_matrix, self.matrices = decoder_matrices(weights)
         self.decoder, self._inputs = self._build_decoder(
             self.pool, self.cpu_paths.block_dot == "int8"
         )
