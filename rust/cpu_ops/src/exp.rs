@@ -41,7 +41,20 @@ pub(crate) fn exp(x: f32) -> f32 {
     for c in C[..6].iter().rev() {
         p = p.mul_add(r, *c);
     }
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    p * two_to(n)
+}
+
+/// 2^n for a whole `n` in -126..=127 (what [`exp`]'s clamp leaves), from `n`'s bits: `n + 1.5 ·
+/// 2^23` is exact and holds `n` in its low mantissa bits, so no float-to-int conversion is made.
+/// Why: `n as i32` saturates (and maps NaN to 0), which the compiler cannot vectorise; each of
+/// sixteen lanes then went through a scalar convert, two compares and two moves, in the softmax
+/// of every attention task. For a NaN `n` the scale is garbage, but `p` is NaN then too and the
+/// product keeps `p`'s NaN, as before.
+#[inline(always)]
+fn two_to(n: f32) -> f32 {
+    const SHIFTER: f32 = 12_582_912.0; // 1.5 * 2^23
+    let low = (n + SHIFTER).to_bits().wrapping_sub(SHIFTER.to_bits());
+    f32::from_bits(low.wrapping_add(127) << 23)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -87,5 +100,14 @@ mod tests {
         }
         // Taylor truncation < 2^-23 plus ~8 roundings of 2^-24 each
         assert!(worst < 6e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn two_to_is_the_exponent_for_every_whole_n_exp_makes() {
+        for n in -126..=127 {
+            let want = f32::from_bits(((n + 127) as u32) << 23);
+            assert_eq!(two_to(n as f32).to_bits(), want.to_bits(), "n = {n}");
+        }
+        assert!(exp(f32::NAN).is_nan());
     }
 }

@@ -1,7 +1,7 @@
-//! The f16 widening against a float64 reference over every bit pattern, F16C against the plain
-//! conversion, and the kernel's SIMD path against its plain path for every kind of pool.
+//! The f16 widening against a float64 reference over every bit pattern, F16C (8 and 16 at a
+//! time) against the plain conversion, and the kernel's SIMD path against its plain path for every kind of pool.
 
-use super::kv_values::{f16_to_f32, widen_f16c, F16cRows};
+use super::kv_values::{f16_to_f32, widen_f16c, F16cRows, Rows};
 use super::{run, run_at, DecodeAttention, KvValues, Level, Scores};
 
 /// An f16's value computed from its fields in f64 (sign * 1.frac * 2^(exp - 15), or
@@ -56,11 +56,22 @@ fn f16c_widens_every_bit_pattern_as_the_plain_conversion_does() {
         // SAFETY: the CPU has F16C (F16cRows::new says so).
         unsafe { widen_f16c(src, dst) };
     }
-    let same = got
-        .iter()
-        .zip(&want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "F16C and f16_to_f32 disagree");
+    let same = |got: &[f32]| {
+        got.iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    };
+    assert!(same(&got), "F16C and f16_to_f32 disagree");
+    // and as the kernel reads a row (sixteen at a time under AVX-512: 3 of them, then an eight
+    // and the tail of 5)
+    let rows = F16cRows::new(&all).expect("F16C, as above");
+    let mut buf = vec![f32::NAN; 61];
+    got.fill(f32::NAN);
+    for (at, dst) in (0..all.len()).step_by(61).zip(got.chunks_mut(61)) {
+        let len = dst.len();
+        dst.copy_from_slice(rows.row(at, len, &mut buf));
+    }
+    assert!(same(&got), "F16cRows and f16_to_f32 disagree");
 }
 
 fn lcg(seed: &mut u64) -> u64 {
