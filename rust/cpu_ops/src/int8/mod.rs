@@ -6,11 +6,9 @@
 //! AVX2) or one instruction (`vpdpbusd`, AVX-512 VNNI), and the floats come in once per block.
 //! The price is 8-bit activations (the bound below); the f32 path stays the exact-weights one.
 //!
-//! Where it pays (`examples/int8_speed.rs`; a 2-core AMD EPYC Zen 3 VM, AVX2 without VNNI): at
-//! one row, 1.2-1.8x the f32 path on the default model's Q4 shapes; at eight rows about even,
-//! since reducing eight blocks' integer lanes (`vphaddd`) costs about what the f32 path's FMAs
-//! do; the Q8_0 head about even, bound by memory at one row. VNNI does a block's dot in one
-//! instruction instead of two, so it should gain more there (not measured: no such CPU here).
+//! Where it pays: docs/cpu-kernels.md has the rates by kernel and CPU (`examples/int8_speed.rs`,
+//! `examples/gemm_speed.rs`); at several rows the side-by-side kernels (`wide.rs` on VNNI,
+//! `wide_avx2.rs`) take the calls where the column kernels had been about even with f32.
 //!
 //! # Activations (row by row, block of 32 by block: a row's result depends only on that row)
 //! - `amax` is the largest `|x_i|`, found as the largest `x_i.to_bits() & 0x7fff_ffff`: an
@@ -82,6 +80,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod group_fetch;
 #[cfg(target_arch = "x86_64")]
 mod one_row;
 mod packed_columns;

@@ -9,9 +9,9 @@
 //! combine: about half the instructions per weight, twice the columns per instruction.
 //!
 //! Per call and group of [`COLUMNS`] columns, every block of the group is transposed once into a
-//! per-thread buffer ([`Block16`]): vector `j` holds weights `4j..4j + 4` of each column as u8
-//! (Q4's nibbles as they are; Q8's and Q6's int8 with the sign bit flipped, `w + 128`), and the
-//! columns' scales and offsets are one vector each. Then each tile of [`TILE`] rows walks the
+//! per-thread buffer ([`Block16`], `wide/transpose.rs`): vector `j` holds weights `4j..4j + 4`
+//! of each column as u8 (Q4's nibbles as they are; Q8's and Q6's int8 with the sign bit flipped,
+//! `w + 128`), and the columns' scales and offsets are one vector each. Then each tile of [`TILE`] rows walks the
 //! blocks lane by lane of `int8`'s combine (blocks `l, l + 8, l + 16, ...` into accumulator `l`,
 //! in order), so a row needs one accumulator at a time, and the eight lanes are added in
 //! `plain::hsum`'s tree at the end.
@@ -29,10 +29,13 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
+use self::transpose::{transpose_iq4, transpose_q4, transpose_q6, transpose_q8};
+use super::group_fetch::Fetch;
 use super::{Activations, LANES};
-use crate::iq4::IQ4_TABLE;
 use crate::threads::Output;
-use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights, BLOCK};
+use crate::weights::{Q8Packing, Weights, BLOCK};
+
+mod transpose;
 
 /// Columns per group: the sixteen i32 (or f32) lanes of a 512-bit vector.
 pub(super) const COLUMNS: usize = 16;
@@ -129,6 +132,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     assert!(c0 + COLUMNS <= w.n() && a.k == w.k() && a.padded.is_multiple_of(LANES));
     assert!(a.q.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
     assert!(a.lo.len().min(a.hi.len()) == a.rows * a.padded);
+    let fetch = Fetch::for_rows(a.rows);
     GROUP.with_borrow_mut(|g| {
         if g.len() < blocks {
             // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
@@ -140,7 +144,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 Q4
             }
             Weights::Q4(w) => {
-                transpose_q4(w, c0, blocks, g);
+                transpose_q4(w, c0, blocks, g, fetch);
                 Q4
             }
             Weights::Q8(w) if w.packed == Q8Packing::Q5Super => {
@@ -158,7 +162,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 }
             }
             Weights::Q8(w) => {
-                transpose_q8(w, c0, blocks, g);
+                transpose_q8(w, c0, blocks, g, fetch);
                 if w.offset.is_some() {
                     Q8_OFFSET
                 } else {
@@ -170,11 +174,11 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 Q6
             }
             Weights::Q6(w) => {
-                transpose_q6(w, c0, blocks, g);
+                transpose_q6(w, c0, blocks, g, fetch);
                 Q6
             }
             Weights::Iq4(w) => {
-                transpose_iq4(w, c0, blocks, g);
+                transpose_iq4(w, c0, blocks, g, fetch);
                 Q8
             }
             Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
@@ -295,202 +299,4 @@ unsafe fn tile<const R: usize, const K: u8>(
 #[inline(always)]
 pub(super) unsafe fn quad(x: *const i8, j: usize) -> __m512i {
     _mm512_set1_epi32((x.add(4 * j) as *const i32).read_unaligned())
-}
-
-/// The sixteen columns' value of each of `blocks` blocks from `p` (`[n, blocks * per]`, column
-/// `c`'s block `b` at `c * blocks * per + b * per + h`).
-#[inline(always)]
-unsafe fn gather(
-    p: *const f32,
-    c0: usize,
-    blocks: usize,
-    per: usize,
-    b: usize,
-    h: usize,
-) -> __m512 {
-    let stride = (blocks * per) as i32;
-    let index = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(stride),
-    );
-    let base = p.add(c0 * blocks * per + b * per + h);
-    _mm512_i32gather_ps::<4>(index, base)
-}
-
-/// Asks for the next group's `bytes` (contiguous after this group's) to be fetched, a share
-/// per block so the requests spread over the transposition.
-#[inline(always)]
-fn prefetch_next(p: *const u8, group_bytes: usize, b: usize, blocks: usize) {
-    let share = group_bytes.div_ceil(blocks).next_multiple_of(64);
-    let next = p.wrapping_add(group_bytes);
-    for line in (b * share..((b + 1) * share).min(group_bytes)).step_by(64) {
-        // SAFETY: a prefetch never faults, and wrapping_add forms the address without UB.
-        unsafe { _mm_prefetch(next.wrapping_add(line) as *const i8, _MM_HINT_T0) };
-    }
-}
-
-/// [`prefetch_next`] for the next group's per-block values (scales, offsets): `per` f32 a
-/// block and column, the group's at `p + c0 * blocks * per`. Without it the next group's
-/// transposition waited on them from memory: eight chats of a Llama-1B-shaped Q4_K_M in
-/// process 83-86 → 92-94 tok/s with them asked for too (builds alternated three times).
-#[inline(always)]
-fn prefetch_next_values(p: *const f32, c0: usize, blocks: usize, per: usize, b: usize) {
-    let group = p.wrapping_add(c0 * blocks * per) as *const u8;
-    prefetch_next(group, COLUMNS * blocks * per * 4, b, blocks);
-}
-
-/// Q4: column `c`'s block `b` is 16 bytes, byte `i` holding weight `i` (low nibble) and `i + 16`.
-#[inline(always)]
-unsafe fn transpose_q4(w: Q4Weights<'_>, c0: usize, blocks: usize, g: &mut [Block16]) {
-    let qs = w.qs.as_ptr();
-    let group = qs.add(c0 * blocks * 16);
-    let mask = _mm512_set1_epi8(0x0f);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        prefetch_next(group, COLUMNS * blocks * 16, b, blocks);
-        prefetch_next_values(w.scale.as_ptr(), c0, blocks, 1, b);
-        prefetch_next_values(w.offset.as_ptr(), c0, blocks, 1, b);
-        let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
-        // v[i] holds columns i, i + 4, i + 8, i + 12 in its four 128-bit lanes; a 4 x 4
-        // transpose of u32 in every lane then gives vector t = quad t of columns 0..16
-        let v: [__m512i; 4] = std::array::from_fn(|i| {
-            let v = _mm512_castsi128_si512(col(i));
-            let v = _mm512_inserti32x4::<1>(v, col(i + 4));
-            let v = _mm512_inserti32x4::<2>(v, col(i + 8));
-            _mm512_inserti32x4::<3>(v, col(i + 12))
-        });
-        let t = transpose4(v);
-        for (i, t) in t.iter().enumerate() {
-            blk.quads[i] = _mm512_and_si512(*t, mask); // weights 4i..4i + 4
-            blk.quads[4 + i] = _mm512_and_si512(_mm512_srli_epi16::<4>(*t), mask);
-            // 16 + 4i..
-        }
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
-        blk.offset = gather(w.offset.as_ptr(), c0, blocks, 1, b, 0);
-    }
-}
-
-/// IQ4: Q4's nibbles, each looked up in the table (`vpshufb`) into its int8 weight and then
-/// flipped as Q8's are: the q8 blocks the table gives, so the q8 kind's sums and correction.
-#[inline(always)]
-unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Block16]) {
-    let qs = w.qs.as_ptr();
-    let group = qs.add(c0 * blocks * 16);
-    let mask = _mm512_set1_epi8(0x0f);
-    let flip = _mm512_set1_epi8(i8::MIN);
-    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_TABLE.as_ptr().cast()));
-    let weights = |nibbles: __m512i| _mm512_xor_si512(_mm512_shuffle_epi8(table, nibbles), flip);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        prefetch_next(group, COLUMNS * blocks * 16, b, blocks);
-        prefetch_next_values(w.scale.as_ptr(), c0, blocks, 1, b);
-        let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
-        let v: [__m512i; 4] = std::array::from_fn(|i| {
-            let v = _mm512_castsi128_si512(col(i));
-            let v = _mm512_inserti32x4::<1>(v, col(i + 4));
-            let v = _mm512_inserti32x4::<2>(v, col(i + 8));
-            _mm512_inserti32x4::<3>(v, col(i + 12))
-        });
-        for (i, t) in transpose4(v).iter().enumerate() {
-            blk.quads[i] = weights(_mm512_and_si512(*t, mask));
-            blk.quads[4 + i] = weights(_mm512_and_si512(_mm512_srli_epi16::<4>(*t), mask));
-        }
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
-    }
-}
-
-/// Q8: column `c`'s block `b` is 32 int8.
-#[inline(always)]
-unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Block16]) {
-    let values = [
-        (w.scale.as_ptr(), 1),
-        (w.offset.map_or(std::ptr::null(), |o| o.as_ptr()), 1),
-    ];
-    transpose_bytes(w.qs.as_ptr(), c0, blocks, g, values);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
-        if let Some(o) = w.offset {
-            blk.offset = gather(o.as_ptr(), c0, blocks, 1, b, 0);
-        }
-    }
-}
-
-/// Q6: 32 int8 per block as Q8, and two scales per block.
-#[inline(always)]
-unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Block16]) {
-    let values = [(w.scale.as_ptr(), 2), (std::ptr::null(), 0)];
-    transpose_bytes(w.qs.as_ptr(), c0, blocks, g, values);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
-        blk.scale[1] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 1);
-    }
-}
-
-/// 32 int8 per column block into eight vectors of u8 quads, the sign bits flipped; the next
-/// group's quants and its `values` (each an array's start and f32 per block, or null) asked for.
-#[inline(always)]
-unsafe fn transpose_bytes(
-    qs: *const i8,
-    c0: usize,
-    blocks: usize,
-    g: &mut [Block16],
-    values: [(*const f32, usize); 2],
-) {
-    let group = qs.add(c0 * blocks * BLOCK);
-    let flip = _mm512_set1_epi8(i8::MIN);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
-        for (p, per) in values.into_iter().filter(|(p, _)| !p.is_null()) {
-            prefetch_next_values(p, c0, blocks, per, b);
-        }
-        let col =
-            |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
-        // v[i] holds column i in its low half and i + 8 in its high half; an 8 x 8 transpose of
-        // u32 per half then gives vector j = quad j of columns 0..8 | 8..16
-        let v: [__m512i; 8] = std::array::from_fn(|i| {
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(col(i)), col(i + 8))
-        });
-        for (j, t) in transpose8(v).iter().enumerate() {
-            blk.quads[j] = _mm512_xor_si512(*t, flip);
-        }
-    }
-}
-
-/// Per 128-bit lane, the transpose of the 4 x 4 matrix of u32 whose rows are the four vectors.
-#[inline(always)]
-unsafe fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
-    let lo01 = _mm512_unpacklo_epi32(v[0], v[1]);
-    let hi01 = _mm512_unpackhi_epi32(v[0], v[1]);
-    let lo23 = _mm512_unpacklo_epi32(v[2], v[3]);
-    let hi23 = _mm512_unpackhi_epi32(v[2], v[3]);
-    [
-        _mm512_unpacklo_epi64(lo01, lo23),
-        _mm512_unpackhi_epi64(lo01, lo23),
-        _mm512_unpacklo_epi64(hi01, hi23),
-        _mm512_unpackhi_epi64(hi01, hi23),
-    ]
-}
-
-/// Per 256-bit half, the transpose of the 8 x 8 matrix of u32 whose rows are the eight vectors.
-#[inline(always)]
-unsafe fn transpose8(r: [__m512i; 8]) -> [__m512i; 8] {
-    // within each 128-bit lane: elements 0 and 1 (then 2 and 3) of rows 0-3 and of rows 4-7
-    let t01 = transpose4([r[0], r[1], r[2], r[3]]);
-    let t45 = transpose4([r[4], r[5], r[6], r[7]]);
-    // per 256-bit half: the low 128 bits of rows 0-3 with those of rows 4-7 (quads 0..4), then
-    // the high 128 bits (quads 4..8); lanes 0, 2 of the 512-bit result from `a`, 1, 3 from `b`
-    let low = |a: __m512i, b: __m512i| {
-        _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), b)
-    };
-    let high = |a: __m512i, b: __m512i| {
-        _mm512_permutex2var_epi64(a, _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15), b)
-    };
-    [
-        low(t01[0], t45[0]),
-        low(t01[1], t45[1]),
-        low(t01[2], t45[2]),
-        low(t01[3], t45[3]),
-        high(t01[0], t45[0]),
-        high(t01[1], t45[1]),
-        high(t01[2], t45[2]),
-        high(t01[3], t45[3]),
-    ]
 }

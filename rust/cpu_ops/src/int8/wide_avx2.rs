@@ -29,6 +29,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
+use super::group_fetch::{next_group, Fetch};
 use super::transpose_avx2::transpose8;
 use super::{Activations, LANES};
 use crate::iq4::IQ4_TABLE;
@@ -117,6 +118,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     assert!(a.q16.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
     // the narrow kinds read the i8 quants and Q6's the half sums
     assert!(a.q.len() == a.rows * a.k && a.lo.len().min(a.hi.len()) == a.rows * a.padded);
+    let fetch = Fetch::for_rows(a.rows);
     GROUP.with_borrow_mut(|g| {
         if g.len() < blocks {
             // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
@@ -125,7 +127,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
         let kind = match w {
             Weights::Q4(_) | Weights::Dense(_) => unreachable!("`takes` refuses them"),
             Weights::Q8(w) => {
-                transpose_q8(w, c0, blocks, g);
+                transpose_q8(w, c0, blocks, g, fetch);
                 match (w.low.is_some(), w.offset.is_some()) {
                     (true, true) => Q5_OFFSET,
                     (true, false) => Q5,
@@ -134,7 +136,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 }
             }
             Weights::Q6(w) => {
-                transpose_q6(w, c0, blocks, g);
+                transpose_q6(w, c0, blocks, g, fetch);
                 if w.low.is_some() {
                     Q6_NARROW
                 } else {
@@ -142,7 +144,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 }
             }
             Weights::Iq4(w) => {
-                transpose_iq4(w, c0, blocks, g);
+                transpose_iq4(w, c0, blocks, g, fetch);
                 Q8
             }
         };
@@ -375,27 +377,21 @@ unsafe fn gather(
     _mm256_i32gather_ps::<4>(p.add(c0 * blocks * per + b * per + h), index)
 }
 
-/// Asks for the next group's `bytes` (contiguous after this group's) to be fetched, a share
-/// per block so the requests spread over the transposition.
-#[inline(always)]
-fn prefetch_next(p: *const u8, group_bytes: usize, b: usize, blocks: usize) {
-    let share = group_bytes.div_ceil(blocks).next_multiple_of(64);
-    let next = p.wrapping_add(group_bytes);
-    for line in (b * share..((b + 1) * share).min(group_bytes)).step_by(64) {
-        // SAFETY: a prefetch never faults, and wrapping_add forms the address without UB.
-        unsafe { _mm_prefetch(next.wrapping_add(line) as *const i8, _MM_HINT_T0) };
-    }
-}
-
 /// IQ4: each column's 16 nibble bytes (byte `i`: weight `i` low, `i + 16` high) looked up in
 /// the table (`vpshufb`) into its 32 int8 weights: the q8 blocks the table gives.
 #[inline(always)]
-unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
+unsafe fn transpose_iq4(
+    w: Iq4Weights<'_>,
+    c0: usize,
+    blocks: usize,
+    g: &mut [Block8],
+    fetch: Fetch,
+) {
     let group = w.qs.as_ptr().add(c0 * blocks * 16);
     let mask = _mm_set1_epi8(0x0f);
     let table = _mm_loadu_si128(IQ4_TABLE.as_ptr().cast());
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        prefetch_next(group, COLUMNS * blocks * 16, b, blocks);
+        next_group(group, COLUMNS * blocks * 16, b, blocks, fetch);
         let col = |c: usize| {
             let v = _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
             let lo = _mm_shuffle_epi8(table, _mm_and_si128(v, mask));
@@ -409,10 +405,10 @@ unsafe fn transpose_iq4(w: Iq4Weights<'_>, c0: usize, blocks: usize, g: &mut [Bl
 
 /// Q8: column `c`'s block `b` is 32 int8.
 #[inline(always)]
-unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
+unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8], fetch: Fetch) {
     match w.low {
-        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low),
-        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g),
+        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low, fetch),
+        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g, fetch),
     }
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
@@ -424,10 +420,10 @@ unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Bloc
 
 /// Q6: 32 int8 per block as Q8, and two scales per block.
 #[inline(always)]
-unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8]) {
+unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8], fetch: Fetch) {
     match w.low {
-        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low),
-        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g),
+        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low, fetch),
+        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g, fetch),
     }
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
@@ -437,10 +433,16 @@ unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Bloc
 
 /// 32 int8 per column block into the block's sixteen vectors of i16 pairs.
 #[inline(always)]
-unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8]) {
+unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8], fetch: Fetch) {
     let group = qs.add(c0 * blocks * BLOCK);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
+        next_group(
+            group as *const u8,
+            COLUMNS * blocks * BLOCK,
+            b,
+            blocks,
+            fetch,
+        );
         let col =
             |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
         set_pairs(blk, std::array::from_fn(col));
@@ -449,11 +451,24 @@ unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Bloc
 
 /// The narrow kinds: 32 int8 per column block, less `low`, into the block's eight quad vectors.
 #[inline(always)]
-unsafe fn transpose_narrow(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8], low: i8) {
+unsafe fn transpose_narrow(
+    qs: *const i8,
+    c0: usize,
+    blocks: usize,
+    g: &mut [Block8],
+    low: i8,
+    fetch: Fetch,
+) {
     let group = qs.add(c0 * blocks * BLOCK);
     let low = _mm256_set1_epi8(low);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        prefetch_next(group as *const u8, COLUMNS * blocks * BLOCK, b, blocks);
+        next_group(
+            group as *const u8,
+            COLUMNS * blocks * BLOCK,
+            b,
+            blocks,
+            fetch,
+        );
         // row c of the 8 x 8 matrix of u32: column c's eight quads
         let rows: [__m256i; 8] = std::array::from_fn(|c| {
             _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i)
