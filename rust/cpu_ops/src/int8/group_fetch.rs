@@ -1,65 +1,182 @@
 //! Asking for the next group of columns' weights while a side-by-side kernel (`wide.rs`,
-//! `wide_avx2.rs`) transposes this group's: a share per block, so that the requests spread over
-//! the transposition, into L1 or L2 by the call's rows.
+//! `wide_avx2.rs`) works on this group's: a share per block, spread over the work, so that the
+//! requests neither come in one burst nor come late.
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
 
-/// Rows up to which a call asks into L2 ([`Fetch::for_rows`]): decode steps of a few chats.
+use crate::weights::{Q8Packing, Weights, BLOCK};
+
+/// Rows up to which a call asks during its first tile, into L2 ([`Fetch::for_rows`]): decode
+/// steps of a few chats.
 const L2_ROWS: usize = 16;
 
-/// The cache level a call's prefetches ask for.
+/// When a call asks for the next group, and into which cache level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Fetch {
-    L1,
-    L2,
+    /// A share per block as the group is transposed, into L1.
+    Transposing,
+    /// A share per block as the group's first tile of rows multiplies it, into L2.
+    FirstTile,
 }
 
 impl Fetch {
-    /// L2 up to [`L2_ROWS`] rows, L1 above.
+    /// [`Fetch::FirstTile`] up to [`L2_ROWS`] rows, [`Fetch::Transposing`] above.
     ///
-    /// Why: at decode sizes the product streams its weights from memory, and a prefetch into L1
-    /// holds one of the core's few L1 fill buffers until its line arrives (`perf` put a sixth of
-    /// an eight-row Q8_0 step's kernel samples under `KVPARK_CPU_ISA=avx2` on those
-    /// prefetches); into L2 the requests queue in L2's larger table, and the transposition's
-    /// loads find the lines one level down (as the dense kernels found, `dense/mod.rs`). At
-    /// prompt sizes the product is bound by its arithmetic, and a 448-token Q8_0 prefill ran
-    /// ~4 % slower into L2, so L1 stays there.
+    /// Why: at decode sizes the product streams its weights from memory. Asked for during the
+    /// transposition, the group's requests came in one burst that filled the core's queue of
+    /// misses (`perf` put an eighth to a sixth of an eight-row Q8_0 step's kernel samples under
+    /// `KVPARK_CPU_ISA=avx2` on those prefetches) and then left memory idle through the tiles.
+    /// Spread over the first tile they arrive at the rate memory gives them, in time for the next
+    /// transposition (eight rows: its step 5-9 % shorter; spread over every tile, it was no
+    /// better). Into L2, because a prefetch into L1 holds one of its few fill buffers until its
+    /// line arrives (as the dense kernels found, `dense/mod.rs`). At prompt sizes the product is
+    /// bound by its arithmetic, the tiles are many and long, and a 448-token Q8_0 prefill ran
+    /// ~4 % slower into L2 and ~5 % slower spread over its first tile: the burst into L1 stays.
     pub(super) fn for_rows(rows: usize) -> Fetch {
         if rows <= L2_ROWS {
-            Fetch::L2
+            Fetch::FirstTile
         } else {
-            Fetch::L1
+            Fetch::Transposing
         }
     }
 }
 
-/// Asks for block `b`'s share (of `blocks`) of the `group_bytes` that follow the group at `p`:
-/// the next group's, which lies right after it.
-#[inline(always)]
-pub(super) fn next_group(p: *const u8, group_bytes: usize, b: usize, blocks: usize, fetch: Fetch) {
-    let share = group_bytes.div_ceil(blocks).next_multiple_of(64);
-    let next = p.wrapping_add(group_bytes);
-    for line in (b * share..((b + 1) * share).min(group_bytes)).step_by(64) {
-        let at = next.wrapping_add(line) as *const i8;
-        // SAFETY: a prefetch never faults, and wrapping_add forms the address without UB.
-        unsafe {
-            match fetch {
-                Fetch::L1 => _mm_prefetch(at, _MM_HINT_T0),
-                Fetch::L2 => _mm_prefetch(at, _MM_HINT_T1),
-            }
+/// The next group's bytes of each of a matrix's per-column arrays (quants, scales, offsets),
+/// and when to ask for them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct NextGroup {
+    /// Each array's bytes for this group: start, length (the next group's follow them) and the
+    /// bytes a block asks for (whole lines).
+    regions: [(*const u8, usize, usize); 3],
+    fetch: Fetch,
+}
+
+impl NextGroup {
+    /// The group of `columns` columns from `c0` of `w` in the row layout, multiplied by `rows`
+    /// rows. A packed matrix's arrays are read in place by kernels that ask for themselves: none.
+    pub(super) fn new(w: &Weights<'_>, c0: usize, columns: usize, rows: usize) -> NextGroup {
+        let blocks = w.k() / BLOCK;
+        // the array at `p` holding `per` bytes a block of each column
+        let region = |p: *const u8, per: usize| {
+            let bytes = columns * blocks * per;
+            let share = bytes.div_ceil(blocks).next_multiple_of(64);
+            (p.wrapping_add(c0 * blocks * per), bytes, share)
+        };
+        let none = (std::ptr::null(), 0, 64);
+        let regions = match w {
+            Weights::Q4(w) if !w.packed => [
+                region(w.qs.as_ptr(), 16),
+                region(w.scale.as_ptr().cast(), 4),
+                region(w.offset.as_ptr().cast(), 4),
+            ],
+            Weights::Q8(w) if w.packed == Q8Packing::Rows => [
+                region(w.qs.as_ptr().cast(), BLOCK),
+                region(w.scale.as_ptr().cast(), 4),
+                w.offset.map_or(none, |o| region(o.as_ptr().cast(), 4)),
+            ],
+            Weights::Q6(w) if !w.packed => [
+                region(w.qs.as_ptr().cast(), BLOCK),
+                region(w.scale.as_ptr().cast(), 8),
+                none,
+            ],
+            Weights::Iq4(w) => [
+                region(w.qs.as_ptr(), 16),
+                region(w.scale.as_ptr().cast(), 4),
+                none,
+            ],
+            _ => [none; 3],
+        };
+        NextGroup {
+            regions,
+            fetch: Fetch::for_rows(rows),
         }
+    }
+
+    /// Block `b`'s share, where the call asks as it transposes.
+    #[inline(always)]
+    pub(super) fn transposing(&self, b: usize) {
+        if self.fetch == Fetch::Transposing {
+            self.lines(b).for_each(|at| {
+                // SAFETY: a prefetch never faults.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(at) }
+            });
+        }
+    }
+
+    /// Block `b`'s share, where the call asks as its first tile multiplies (the tile of rows from
+    /// 0; later tiles ask nothing).
+    #[inline(always)]
+    pub(super) fn first_tile(&self, b: usize) {
+        if self.fetch == Fetch::FirstTile {
+            self.lines(b).for_each(|at| {
+                // SAFETY: a prefetch never faults.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(at) }
+            });
+        }
+    }
+
+    /// The lines of block `b`'s share of every array's next group (none past its end).
+    #[inline(always)]
+    fn lines(&self, b: usize) -> impl Iterator<Item = *const i8> + '_ {
+        self.regions.iter().flat_map(move |&(p, bytes, share)| {
+            // wrapping_add forms the addresses without UB
+            let next = p.wrapping_add(bytes);
+            (b * share..((b + 1) * share).min(bytes))
+                .step_by(64)
+                .map(move |line| next.wrapping_add(line).cast())
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weights::Q8Weights;
 
     #[test]
-    fn decode_steps_ask_into_l2_and_prompts_into_l1() {
-        assert_eq!(Fetch::for_rows(1), Fetch::L2);
-        assert_eq!(Fetch::for_rows(8), Fetch::L2);
-        assert_eq!(Fetch::for_rows(L2_ROWS + 1), Fetch::L1);
-        assert_eq!(Fetch::for_rows(448), Fetch::L1);
+    fn decode_steps_ask_during_the_first_tile_and_prompts_while_transposing() {
+        assert_eq!(Fetch::for_rows(1), Fetch::FirstTile);
+        assert_eq!(Fetch::for_rows(8), Fetch::FirstTile);
+        assert_eq!(Fetch::for_rows(L2_ROWS + 1), Fetch::Transposing);
+        assert_eq!(Fetch::for_rows(448), Fetch::Transposing);
+    }
+
+    #[test]
+    fn the_blocks_shares_ask_for_each_line_of_the_next_group_once() {
+        // 24 columns of 18 blocks (k = 576), a group of 8 from column 8: the next is 16..24
+        let (n, k) = (24, 576);
+        let blocks = k / BLOCK;
+        let qs = vec![0i8; n * k];
+        let scale = vec![0f32; n * blocks];
+        let offset = vec![0f32; n * blocks];
+        let w = Weights::Q8(Q8Weights {
+            qs: &qs,
+            scale: &scale,
+            offset: Some(&offset),
+            n,
+            k,
+            low: None,
+            packed: Q8Packing::Rows,
+        });
+        let next = NextGroup::new(&w, 8, 8, 8);
+        let mut asked: Vec<usize> = (0..blocks)
+            .flat_map(|b| next.lines(b))
+            .map(|p| p as usize)
+            .collect();
+        let total = asked.len();
+        asked.sort_unstable();
+        asked.dedup();
+        assert_eq!(asked.len(), total, "a line asked for twice");
+        // every line of each array's columns 16..24, and nothing else
+        let mut want = Vec::new();
+        for (p, bytes) in [
+            (qs.as_ptr() as usize + 16 * k, 8 * k),
+            (scale.as_ptr() as usize + 16 * blocks * 4, 8 * blocks * 4),
+            (offset.as_ptr() as usize + 16 * blocks * 4, 8 * blocks * 4),
+        ] {
+            want.extend((0..bytes).step_by(64).map(|line| p + line));
+        }
+        want.sort_unstable();
+        assert_eq!(asked, want);
     }
 }

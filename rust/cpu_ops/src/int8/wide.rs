@@ -30,7 +30,7 @@ use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use self::transpose::{transpose_iq4, transpose_q4, transpose_q6, transpose_q8};
-use super::group_fetch::Fetch;
+use super::group_fetch::NextGroup;
 use super::{Activations, LANES};
 use crate::threads::Output;
 use crate::weights::{Q8Packing, Weights, BLOCK};
@@ -132,7 +132,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     assert!(c0 + COLUMNS <= w.n() && a.k == w.k() && a.padded.is_multiple_of(LANES));
     assert!(a.q.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
     assert!(a.lo.len().min(a.hi.len()) == a.rows * a.padded);
-    let fetch = Fetch::for_rows(a.rows);
+    let next = NextGroup::new(&w, c0, COLUMNS, a.rows);
     GROUP.with_borrow_mut(|g| {
         if g.len() < blocks {
             // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
@@ -144,7 +144,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 Q4
             }
             Weights::Q4(w) => {
-                transpose_q4(w, c0, blocks, g, fetch);
+                transpose_q4(w, c0, blocks, g, &next);
                 Q4
             }
             Weights::Q8(w) if w.packed == Q8Packing::Q5Super => {
@@ -162,7 +162,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 }
             }
             Weights::Q8(w) => {
-                transpose_q8(w, c0, blocks, g, fetch);
+                transpose_q8(w, c0, blocks, g, &next);
                 if w.offset.is_some() {
                     Q8_OFFSET
                 } else {
@@ -174,41 +174,49 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 Q6
             }
             Weights::Q6(w) => {
-                transpose_q6(w, c0, blocks, g, fetch);
+                transpose_q6(w, c0, blocks, g, &next);
                 Q6
             }
             Weights::Iq4(w) => {
-                transpose_iq4(w, c0, blocks, g, fetch);
+                transpose_iq4(w, c0, blocks, g, &next);
                 Q8
             }
             Weights::Dense(_) => unreachable!("matmul_i8 refuses dense matrices"),
         };
         let g = &g[..blocks];
         match kind {
-            Q4 => tiles::<Q4>(a, g, y, w.n(), c0),
-            Q8 => tiles::<Q8>(a, g, y, w.n(), c0),
-            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0),
-            _ => tiles::<Q6>(a, g, y, w.n(), c0),
+            Q4 => tiles::<Q4>(a, g, y, w.n(), c0, &next),
+            Q8 => tiles::<Q8>(a, g, y, w.n(), c0, &next),
+            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0, &next),
+            _ => tiles::<Q6>(a, g, y, w.n(), c0, &next),
         }
     })
 }
 
-/// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`.
+/// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`; the first
+/// tile asks for `next` where the call's size says so.
 #[inline(always)]
-unsafe fn tiles<const K: u8>(a: &Activations<'_>, g: &[Block16], y: &Output, n: usize, c0: usize) {
+unsafe fn tiles<const K: u8>(
+    a: &Activations<'_>,
+    g: &[Block16],
+    y: &Output,
+    n: usize,
+    c0: usize,
+    next: &NextGroup,
+) {
     let mut r0 = 0;
     while K != Q6 && r0 + LONG_TILE <= a.rows {
-        tile::<LONG_TILE, K>(a, g, r0, y, n, c0);
+        tile::<LONG_TILE, K>(a, g, r0, y, n, c0, next);
         r0 += LONG_TILE;
     }
     while r0 + TILE <= a.rows {
-        tile::<TILE, K>(a, g, r0, y, n, c0);
+        tile::<TILE, K>(a, g, r0, y, n, c0, next);
         r0 += TILE;
     }
     match a.rows - r0 {
-        3 => tile::<3, K>(a, g, r0, y, n, c0),
-        2 => tile::<2, K>(a, g, r0, y, n, c0),
-        1 => tile::<1, K>(a, g, r0, y, n, c0),
+        3 => tile::<3, K>(a, g, r0, y, n, c0, next),
+        2 => tile::<2, K>(a, g, r0, y, n, c0, next),
+        1 => tile::<1, K>(a, g, r0, y, n, c0, next),
         _ => {}
     }
 }
@@ -222,6 +230,7 @@ unsafe fn tile<const R: usize, const K: u8>(
     y: &Output,
     n: usize,
     c0: usize,
+    next: &NextGroup,
 ) {
     let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * a.k));
     let at: [usize; R] = std::array::from_fn(|r| (r0 + r) * a.padded);
@@ -231,6 +240,9 @@ unsafe fn tile<const R: usize, const K: u8>(
         let mut acc = [_mm512_setzero_ps(); R];
         // a padding block (b >= blocks) would add +0 to a lane that is never -0: skipped
         for (b, blk) in g.iter().enumerate().skip(l).step_by(LANES) {
+            if r0 == 0 {
+                next.first_tile(b);
+            }
             let u = blk.quads;
             for r in 0..R {
                 let x = xq[r].add(b * BLOCK);

@@ -18,7 +18,7 @@
 //! activations for this kernel (`I8Scratch`), and per call each group of eight columns is
 //! transposed once into a per-thread buffer ([`Block8`]): vector `m` of a block holds two
 //! weights of each column as an i16 pair (`4t, 4t + 2` for `m = 2t`, `4t + 1, 4t + 3` for `m = 2t
-//! + 1`: [`set_pairs`] says why; the i16 activations come in the same order), IQ4's nibbles
+//! + 1`: [`transpose::set_pairs`] says why; the i16 activations come in the same order), IQ4's nibbles
 //! looked up in its table first.
 //! Every product and sum is an exact integer (at most `32 · 128 · 127` a block), and the float
 //! combine is `int8`'s, block by block in lane order (blocks `l, l + 8, ...` into accumulator `l`,
@@ -29,12 +29,13 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
-use super::group_fetch::{next_group, Fetch};
-use super::transpose_avx2::transpose8;
+use super::group_fetch::NextGroup;
 use super::{Activations, LANES};
-use crate::iq4::IQ4_TABLE;
 use crate::threads::Output;
-use crate::weights::{Iq4Weights, Q6Weights, Q8Weights, Weights, BLOCK};
+use crate::weights::{Weights, BLOCK};
+
+mod transpose;
+use transpose::{transpose_iq4, transpose_q6, transpose_q8};
 
 /// Columns per group: the eight i32 (or f32) lanes of a 256-bit vector.
 pub(super) const COLUMNS: usize = 8;
@@ -54,7 +55,7 @@ const MIN_ROWS_Q8: usize = 5;
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 pub(super) struct Block8 {
-    /// Vector `m`: two weights of each column ([`set_pairs`]), an i16 pair per i32 lane. The narrow
+    /// Vector `m`: two weights of each column ([`transpose::set_pairs`]), an i16 pair per i32 lane. The narrow
     /// kinds ([`Q5`]) hold quads in the first eight instead: vector `t`, weights `4t..4t + 4` of
     /// each column less the matrix's `low`, as u8.
     pub(super) pairs: [__m256i; 16],
@@ -76,7 +77,7 @@ const Q8: u8 = 1;
 const Q8_OFFSET: u8 = 2;
 /// Q6_K's int8 weights: two sums per block (weights 0..16, 16..32), each with its scale.
 const Q6: u8 = 3;
-/// As [`Q8`], for weights that span fewer than 32 values ([`Q8Weights::low`]: Q5_0 and Q5_1 as
+/// As [`Q8`], for weights that span fewer than 32 values ([`Q8Weights::low`](crate::weights::Q8Weights::low): Q5_0 and Q5_1 as
 /// q8 blocks): `w - low` in 0..32 goes into `vpmaddubsw` as u8 against the activations' i8, four
 /// operand vectors summed in i16 (each lane then holds eight products, at most 8 · 31 · 127 =
 /// 31,496 in magnitude) before one `vpmaddwd`: per (row, block) eight `vpmaddubsw`, six `vpaddw`,
@@ -86,7 +87,7 @@ const Q6: u8 = 3;
 const Q5: u8 = 4;
 /// As [`Q5`], with offsets.
 const Q5_OFFSET: u8 = 5;
-/// [`Q6`] for weights that span fewer than 64 values ([`Q6Weights::low`]: Q6_K's, Q3_K's): as
+/// [`Q6`] for weights that span fewer than 64 values ([`Q6Weights::low`](crate::weights::Q6Weights::low): Q6_K's, Q3_K's): as
 /// [`Q5`], with two operand vectors summed in i16 (at most 4 · 63 · 127 = 32,004 a lane) before
 /// each `vpmaddwd`, and each half's sum corrected by `low` times the activations' half sum.
 const Q6_NARROW: u8 = 6;
@@ -118,7 +119,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
     assert!(a.q16.len() == a.rows * a.k && a.d.len().min(a.sum.len()) == a.rows * a.padded);
     // the narrow kinds read the i8 quants and Q6's the half sums
     assert!(a.q.len() == a.rows * a.k && a.lo.len().min(a.hi.len()) == a.rows * a.padded);
-    let fetch = Fetch::for_rows(a.rows);
+    let next = NextGroup::new(&w, c0, COLUMNS, a.rows);
     GROUP.with_borrow_mut(|g| {
         if g.len() < blocks {
             // SAFETY: every field is plain SIMD data, for which all-zero bits are valid.
@@ -127,7 +128,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
         let kind = match w {
             Weights::Q4(_) | Weights::Dense(_) => unreachable!("`takes` refuses them"),
             Weights::Q8(w) => {
-                transpose_q8(w, c0, blocks, g, fetch);
+                transpose_q8(w, c0, blocks, g, &next);
                 match (w.low.is_some(), w.offset.is_some()) {
                     (true, true) => Q5_OFFSET,
                     (true, false) => Q5,
@@ -136,7 +137,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 }
             }
             Weights::Q6(w) => {
-                transpose_q6(w, c0, blocks, g, fetch);
+                transpose_q6(w, c0, blocks, g, &next);
                 if w.low.is_some() {
                     Q6_NARROW
                 } else {
@@ -144,7 +145,7 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
                 }
             }
             Weights::Iq4(w) => {
-                transpose_iq4(w, c0, blocks, g, fetch);
+                transpose_iq4(w, c0, blocks, g, &next);
                 Q8
             }
         };
@@ -155,12 +156,12 @@ pub(super) unsafe fn group(a: &Activations<'_>, w: Weights<'_>, c0: usize, y: &O
             _ => 0,
         };
         match kind {
-            Q8 => tiles::<Q8>(a, g, y, w.n(), c0, low),
-            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0, low),
-            Q5 => tiles::<Q5>(a, g, y, w.n(), c0, low),
-            Q5_OFFSET => tiles::<Q5_OFFSET>(a, g, y, w.n(), c0, low),
-            Q6_NARROW => tiles::<Q6_NARROW>(a, g, y, w.n(), c0, low),
-            _ => tiles::<Q6>(a, g, y, w.n(), c0, low),
+            Q8 => tiles::<Q8>(a, g, y, w.n(), c0, low, Some(&next)),
+            Q8_OFFSET => tiles::<Q8_OFFSET>(a, g, y, w.n(), c0, low, Some(&next)),
+            Q5 => tiles::<Q5>(a, g, y, w.n(), c0, low, Some(&next)),
+            Q5_OFFSET => tiles::<Q5_OFFSET>(a, g, y, w.n(), c0, low, Some(&next)),
+            Q6_NARROW => tiles::<Q6_NARROW>(a, g, y, w.n(), c0, low, Some(&next)),
+            _ => tiles::<Q6>(a, g, y, w.n(), c0, low, Some(&next)),
         }
     })
 }
@@ -182,13 +183,15 @@ pub(super) unsafe fn narrow_tiles(
     offset: bool,
 ) {
     match offset {
-        true => tiles::<Q5_OFFSET>(a, g, y, n, c0, low),
-        false => tiles::<Q5>(a, g, y, n, c0, low),
+        true => tiles::<Q5_OFFSET>(a, g, y, n, c0, low, None),
+        false => tiles::<Q5>(a, g, y, n, c0, low, None),
     }
 }
 
-/// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`.
+/// Every row of `a`, a tile at a time, against the transposed group `g` of kind `K`; the first
+/// tile asks for `next` where the call's size says so.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn tiles<const K: u8>(
     a: &Activations<'_>,
     g: &[Block8],
@@ -196,16 +199,17 @@ unsafe fn tiles<const K: u8>(
     n: usize,
     c0: usize,
     low: i8,
+    next: Option<&NextGroup>,
 ) {
     let mut r0 = 0;
     while r0 + TILE <= a.rows {
-        tile::<TILE, K>(a, g, r0, y, n, c0, low);
+        tile::<TILE, K>(a, g, r0, y, n, c0, low, next);
         r0 += TILE;
     }
     match a.rows - r0 {
-        3 => tile::<3, K>(a, g, r0, y, n, c0, low),
-        2 => tile::<2, K>(a, g, r0, y, n, c0, low),
-        1 => tile::<1, K>(a, g, r0, y, n, c0, low),
+        3 => tile::<3, K>(a, g, r0, y, n, c0, low, next),
+        2 => tile::<2, K>(a, g, r0, y, n, c0, low, next),
+        1 => tile::<1, K>(a, g, r0, y, n, c0, low, next),
         _ => {}
     }
 }
@@ -221,7 +225,9 @@ unsafe fn tile<const R: usize, const K: u8>(
     n: usize,
     c0: usize,
     low: i8,
+    next: Option<&NextGroup>,
 ) {
+    let next = next.filter(|_| r0 == 0);
     let narrow = K == Q5 || K == Q5_OFFSET;
     let narrow6 = K == Q6_NARROW;
     let xq: [*const i16; R] = std::array::from_fn(|r| a.q16.as_ptr().add((r0 + r) * a.k));
@@ -238,6 +244,9 @@ unsafe fn tile<const R: usize, const K: u8>(
             // a row's block scale, broadcast where it is used: kept in registers for the tile
             // they would push the accumulators onto the stack
             let d = |r: usize| _mm256_set1_ps(*a.d.as_ptr().add(at[r] + b));
+            if let Some(next) = next {
+                next.first_tile(b);
+            }
             // Q6 combines each half (weights 0..16, then 16..32) as soon as its pairs are in
             let mut dots = [_mm256_setzero_si256(); R];
             if narrow {
@@ -351,146 +360,9 @@ unsafe fn tile<const R: usize, const K: u8>(
     }
 }
 
-/// Activation pair `m` of the block at `x` (values `2m, 2m + 1` of `q16`'s order: [`set_pairs`]'s
+/// Activation pair `m` of the block at `x` (values `2m, 2m + 1` of `q16`'s order: [`transpose::set_pairs`]'s
 /// weights of vector `m`) in every lane.
 #[inline(always)]
 unsafe fn pair(x: *const i16, m: usize) -> __m256i {
     _mm256_set1_epi32((x.add(2 * m) as *const i32).read_unaligned())
-}
-
-/// The eight columns' value of block `b` from `p` (`[n, blocks * per]`, column `c`'s block `b`
-/// at `c * blocks * per + b * per + h`).
-#[inline(always)]
-unsafe fn gather(
-    p: *const f32,
-    c0: usize,
-    blocks: usize,
-    per: usize,
-    b: usize,
-    h: usize,
-) -> __m256 {
-    let stride = (blocks * per) as i32;
-    let index = _mm256_mullo_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(stride),
-    );
-    _mm256_i32gather_ps::<4>(p.add(c0 * blocks * per + b * per + h), index)
-}
-
-/// IQ4: each column's 16 nibble bytes (byte `i`: weight `i` low, `i + 16` high) looked up in
-/// the table (`vpshufb`) into its 32 int8 weights: the q8 blocks the table gives.
-#[inline(always)]
-unsafe fn transpose_iq4(
-    w: Iq4Weights<'_>,
-    c0: usize,
-    blocks: usize,
-    g: &mut [Block8],
-    fetch: Fetch,
-) {
-    let group = w.qs.as_ptr().add(c0 * blocks * 16);
-    let mask = _mm_set1_epi8(0x0f);
-    let table = _mm_loadu_si128(IQ4_TABLE.as_ptr().cast());
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        next_group(group, COLUMNS * blocks * 16, b, blocks, fetch);
-        let col = |c: usize| {
-            let v = _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
-            let lo = _mm_shuffle_epi8(table, _mm_and_si128(v, mask));
-            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
-            _mm256_set_m128i(hi, lo)
-        };
-        set_pairs(blk, std::array::from_fn(col));
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
-    }
-}
-
-/// Q8: column `c`'s block `b` is 32 int8.
-#[inline(always)]
-unsafe fn transpose_q8(w: Q8Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8], fetch: Fetch) {
-    match w.low {
-        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low, fetch),
-        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g, fetch),
-    }
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
-        if let Some(o) = w.offset {
-            blk.offset = gather(o.as_ptr(), c0, blocks, 1, b, 0);
-        }
-    }
-}
-
-/// Q6: 32 int8 per block as Q8, and two scales per block.
-#[inline(always)]
-unsafe fn transpose_q6(w: Q6Weights<'_>, c0: usize, blocks: usize, g: &mut [Block8], fetch: Fetch) {
-    match w.low {
-        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low, fetch),
-        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g, fetch),
-    }
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
-        blk.scale[1] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 1);
-    }
-}
-
-/// 32 int8 per column block into the block's sixteen vectors of i16 pairs.
-#[inline(always)]
-unsafe fn transpose_bytes(qs: *const i8, c0: usize, blocks: usize, g: &mut [Block8], fetch: Fetch) {
-    let group = qs.add(c0 * blocks * BLOCK);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        next_group(
-            group as *const u8,
-            COLUMNS * blocks * BLOCK,
-            b,
-            blocks,
-            fetch,
-        );
-        let col =
-            |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
-        set_pairs(blk, std::array::from_fn(col));
-    }
-}
-
-/// The narrow kinds: 32 int8 per column block, less `low`, into the block's eight quad vectors.
-#[inline(always)]
-unsafe fn transpose_narrow(
-    qs: *const i8,
-    c0: usize,
-    blocks: usize,
-    g: &mut [Block8],
-    low: i8,
-    fetch: Fetch,
-) {
-    let group = qs.add(c0 * blocks * BLOCK);
-    let low = _mm256_set1_epi8(low);
-    for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        next_group(
-            group as *const u8,
-            COLUMNS * blocks * BLOCK,
-            b,
-            blocks,
-            fetch,
-        );
-        // row c of the 8 x 8 matrix of u32: column c's eight quads
-        let rows: [__m256i; 8] = std::array::from_fn(|c| {
-            _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i)
-        });
-        for (t, quads) in transpose8(rows).into_iter().enumerate() {
-            blk.pairs[t] = _mm256_sub_epi8(quads, low);
-        }
-    }
-}
-
-/// Each column's 32 int8 weights transposed a quad at a time, then widened in place: vector
-/// `2t` holds weights `4t, 4t + 2` of every column as an i16 pair, vector `2t + 1` weights
-/// `4t + 1, 4t + 3` (the order of `Activations::q16`).
-///
-/// Why that pairing: an i16 lane of a quad is the weights `4t + 2j` (low byte) and `4t + 2j + 1`
-/// (high byte), so two shifts sign-extend each in place, where pairs of neighbours would need a
-/// widening and a second transposition per half block: per group of eight columns 24 shuffles
-/// and 24 shifts against 16 widenings and 48 shuffles (the Q8_0 head at eight rows 6.7 % faster).
-#[inline(always)]
-unsafe fn set_pairs(blk: &mut Block8, cols: [__m256i; COLUMNS]) {
-    for (t, quads) in transpose8(cols).into_iter().enumerate() {
-        blk.pairs[2 * t] = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(quads));
-        blk.pairs[2 * t + 1] = _mm256_srai_epi16::<8>(quads);
-    }
 }

@@ -4,8 +4,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Block16, COLUMNS};
-use crate::int8::group_fetch::{next_group, Fetch};
+use super::Block16;
+use crate::int8::group_fetch::NextGroup;
 use crate::iq4::IQ4_TABLE;
 use crate::weights::{Iq4Weights, Q4Weights, Q6Weights, Q8Weights, BLOCK};
 
@@ -29,23 +29,6 @@ unsafe fn gather(
     _mm512_i32gather_ps::<4>(index, base)
 }
 
-/// [`next_group`] for the next group's per-block values (scales, offsets): `per` f32 a
-/// block and column, the group's at `p + c0 * blocks * per`. Without it the next group's
-/// transposition waited on them from memory: eight chats of a Llama-1B-shaped Q4_K_M in
-/// process 83-86 → 92-94 tok/s with them asked for too (builds alternated three times).
-#[inline(always)]
-fn prefetch_next_values(
-    p: *const f32,
-    c0: usize,
-    blocks: usize,
-    per: usize,
-    b: usize,
-    fetch: Fetch,
-) {
-    let group = p.wrapping_add(c0 * blocks * per) as *const u8;
-    next_group(group, COLUMNS * blocks * per * 4, b, blocks, fetch);
-}
-
 /// Q4: column `c`'s block `b` is 16 bytes, byte `i` holding weight `i` (low nibble) and `i + 16`.
 #[inline(always)]
 pub(super) unsafe fn transpose_q4(
@@ -53,15 +36,13 @@ pub(super) unsafe fn transpose_q4(
     c0: usize,
     blocks: usize,
     g: &mut [Block16],
-    fetch: Fetch,
+    next: &NextGroup,
 ) {
     let qs = w.qs.as_ptr();
     let group = qs.add(c0 * blocks * 16);
     let mask = _mm512_set1_epi8(0x0f);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        next_group(group, COLUMNS * blocks * 16, b, blocks, fetch);
-        prefetch_next_values(w.scale.as_ptr(), c0, blocks, 1, b, fetch);
-        prefetch_next_values(w.offset.as_ptr(), c0, blocks, 1, b, fetch);
+        next.transposing(b);
         let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
         // v[i] holds columns i, i + 4, i + 8, i + 12 in its four 128-bit lanes; a 4 x 4
         // transpose of u32 in every lane then gives vector t = quad t of columns 0..16
@@ -90,7 +71,7 @@ pub(super) unsafe fn transpose_iq4(
     c0: usize,
     blocks: usize,
     g: &mut [Block16],
-    fetch: Fetch,
+    next: &NextGroup,
 ) {
     let qs = w.qs.as_ptr();
     let group = qs.add(c0 * blocks * 16);
@@ -99,8 +80,7 @@ pub(super) unsafe fn transpose_iq4(
     let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_TABLE.as_ptr().cast()));
     let weights = |nibbles: __m512i| _mm512_xor_si512(_mm512_shuffle_epi8(table, nibbles), flip);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        next_group(group, COLUMNS * blocks * 16, b, blocks, fetch);
-        prefetch_next_values(w.scale.as_ptr(), c0, blocks, 1, b, fetch);
+        next.transposing(b);
         let col = |c: usize| _mm_loadu_si128(group.add((c * blocks + b) * 16) as *const __m128i);
         let v: [__m512i; 4] = std::array::from_fn(|i| {
             let v = _mm512_castsi128_si512(col(i));
@@ -123,13 +103,9 @@ pub(super) unsafe fn transpose_q8(
     c0: usize,
     blocks: usize,
     g: &mut [Block16],
-    fetch: Fetch,
+    next: &NextGroup,
 ) {
-    let values = [
-        (w.scale.as_ptr(), 1),
-        (w.offset.map_or(std::ptr::null(), |o| o.as_ptr()), 1),
-    ];
-    transpose_bytes(w.qs.as_ptr(), c0, blocks, g, values, fetch);
+    transpose_bytes(w.qs.as_ptr(), c0, blocks, g, next);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
         if let Some(o) = w.offset {
@@ -145,10 +121,9 @@ pub(super) unsafe fn transpose_q6(
     c0: usize,
     blocks: usize,
     g: &mut [Block16],
-    fetch: Fetch,
+    next: &NextGroup,
 ) {
-    let values = [(w.scale.as_ptr(), 2), (std::ptr::null(), 0)];
-    transpose_bytes(w.qs.as_ptr(), c0, blocks, g, values, fetch);
+    transpose_bytes(w.qs.as_ptr(), c0, blocks, g, next);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
         blk.scale[1] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 1);
@@ -163,22 +138,12 @@ unsafe fn transpose_bytes(
     c0: usize,
     blocks: usize,
     g: &mut [Block16],
-    values: [(*const f32, usize); 2],
-    fetch: Fetch,
+    next: &NextGroup,
 ) {
     let group = qs.add(c0 * blocks * BLOCK);
     let flip = _mm512_set1_epi8(i8::MIN);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
-        next_group(
-            group as *const u8,
-            COLUMNS * blocks * BLOCK,
-            b,
-            blocks,
-            fetch,
-        );
-        for (p, per) in values.into_iter().filter(|(p, _)| !p.is_null()) {
-            prefetch_next_values(p, c0, blocks, per, b, fetch);
-        }
+        next.transposing(b);
         let col =
             |c: usize| _mm256_loadu_si256(group.add((c * blocks + b) * BLOCK) as *const __m256i);
         // v[i] holds column i in its low half and i + 8 in its high half; an 8 x 8 transpose of
