@@ -31,7 +31,7 @@ impl Fetch {
     /// better). Into L2, because a prefetch into L1 holds one of its few fill buffers until its
     /// line arrives (as the dense kernels found, `dense/mod.rs`). At prompt sizes the product is
     /// bound by its arithmetic, the tiles are many and long, and a 448-token Q8_0 prefill ran
-    /// ~4 % slower into L2 and ~5 % slower spread over its first tile: the burst into L1 stays.
+    /// ~4 % slower into L2 and ~5 % slower spread over its tiles: the burst into L1 stays.
     pub(super) fn for_rows(rows: usize) -> Fetch {
         if rows <= L2_ROWS {
             Fetch::FirstTile
