@@ -50,6 +50,7 @@ rust-checks:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items
 	cargo test --workspace
 
 python-checks: setup

@@ -139,7 +139,7 @@ fn run(a: DecodeAttention<'_>, sc: Scores, out: &mut [f32], simd: bool) -> Resul
     run_at(a, sc, out, Level::best(simd))
 }
 
-/// [`decode_attention`] compiled for `level`, which the CPU must have ([`Level::available`]).
+/// [`decode_attention`] compiled for `level`, which the CPU must have (`Level::available`).
 fn run_at(
     a: DecodeAttention<'_>,
     sc: Scores,

@@ -12,7 +12,7 @@
 //!
 //! # Layout
 //! Columns go in groups of [`PACK`] (a packed matrix has a multiple of it); a group's blocks
-//! go lane by lane of `int8`'s combine ([`position`]: `p` below).
+//! go lane by lane of `int8`'s combine (`position`: `p` below).
 //!
 //! q4: a block of a column is 4 quads of 4 bytes (its 16 bytes, weights `4q..4q + 4` in the
 //! low nibbles of quad `q` and `16 + 4q..` in the high ones); in group `g`, block at `p`, quad
@@ -23,7 +23,7 @@
 //! q6 is packed compact, as the file holds it (6.5 bits a weight where the row layout takes
 //! 10: a byte a quant and two f32 scales a block): its quants `q` in -32..32 as `u = q + 32`
 //! in 0..64, six bits, and each scale as an int8 `sc` times an f32 `d` per column and run of
-//! [`SUPER`] blocks (Q6_K's and Q3_K's own form, found again at packing: [`int8_scales`]).
+//! [`SUPER`] blocks (Q6_K's and Q3_K's own form, found again at packing: `int8_scales`).
 //! A group's block at `p` is [`Q6_BLOCK_BYTES`] bytes from `qs[(g * blocks + p) * 416..]`;
 //! with `u_t` the quad of weights `4t..4t + 4` of column `i` (byte `e` its weight `4t + e`):
 //! - bytes `64 j + 4 i + e`, `j` in 0..4: `u_j`'s low four bits, `u_{j+4}`'s in the high nibble;
@@ -35,8 +35,8 @@
 //! (`supers = ⌈blocks / SUPER⌉`), and its scale is `d * sc` (f32, exact: the row layout's value,
 //! bit for bit).
 //!
-//! Every other reader (the portable kernel, the f32 path, columns past whole groups) takes a packed matrix through [`unpacked_columns`], a group at a time into the row
-//! layout; the embedding lookup reads a block in place ([`q4_block`], [`q6_block`]): the same
+//! Every other reader (the portable kernel, the f32 path, columns past whole groups) takes a packed matrix through `unpacked_columns`, a group at a time into the row
+//! layout; the embedding lookup reads a block in place (`q4_block`, `q6_block`): the same
 //! values, so the same bits.
 
 use std::cell::RefCell;

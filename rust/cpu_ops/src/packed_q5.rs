@@ -10,7 +10,7 @@
 //!
 //! # Layout
 //! Groups of [`PACK`] columns, a group's blocks lane by lane of `int8`'s combine
-//! ([`position`]: `p`). A group's block at `p` is [`Q5_BLOCK_BYTES`] bytes from `qs[(g * blocks
+//! (`position`: `p`). A group's block at `p` is [`Q5_BLOCK_BYTES`] bytes from `qs[(g * blocks
 //! + p) * 352..]`; with `u_t` the quad of weights `4t..4t + 4` of column `i` (byte `e` its
 //! weight `4t + e`; `u = q`, in 0..32):
 //! - bytes `64 j + 4 i + e`, `j` in 0..4: `u_j`'s low four bits, `u_{j+4}`'s in the high nibble;

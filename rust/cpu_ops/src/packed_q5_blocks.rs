@@ -13,7 +13,7 @@
 //! # Layout
 //! The quants are stored as `u = q - low` in 0..32 (`low`: the matrix's [`Q8Weights::low`], kept
 //! with the packed matrix: -16 for Q5_0's, 0 for Q5_1's). Groups of [`PACK`] columns, a group's
-//! blocks lane by lane of `int8`'s combine ([`position`]: `p`); a group's block at `p` is
+//! blocks lane by lane of `int8`'s combine (`position`: `p`); a group's block at `p` is
 //! [`Q5B_BLOCK_BYTES`] bytes from `qs[(g * blocks + p) * 320..]`, with `u_t` the quad of weights
 //! `4t..4t + 4` of column `i` (byte `e` its weight `4t + e`):
 //! - bytes `64 j + 4 i + e`, `j` in 0..4: `u_j`'s low four bits, `u_{j+4}`'s in the high nibble;

@@ -10,7 +10,7 @@ pub(super) const LANES: usize = 16;
 pub(super) trait Dot {
     /// Whether [`Dot::dots16`] is implemented: scores sixteen cells at a time.
     const WIDE: bool = false;
-    /// Query heads whose weighted sums [`Dot::weighted_heads`] runs together (at most
+    /// Query heads whose weighted sums [`weighted_heads`] runs together (at most
     /// [`HEADS`]); 1: it runs them one by one.
     const TOGETHER: usize = 1;
 
