@@ -65,10 +65,7 @@ pub(super) unsafe fn transpose_q8(
     g: &mut [Block8],
     next: &NextGroup,
 ) {
-    match w.low {
-        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low, next),
-        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g, next),
-    }
+    transpose_quants(w.qs.as_ptr(), w.low, c0, blocks, g, next);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 1, b, 0);
         if let Some(o) = w.offset {
@@ -86,13 +83,27 @@ pub(super) unsafe fn transpose_q6(
     g: &mut [Block8],
     next: &NextGroup,
 ) {
-    match w.low {
-        Some(low) => transpose_narrow(w.qs.as_ptr(), c0, blocks, g, low, next),
-        None => transpose_bytes(w.qs.as_ptr(), c0, blocks, g, next),
-    }
+    transpose_quants(w.qs.as_ptr(), w.low, c0, blocks, g, next);
     for (b, blk) in g.iter_mut().enumerate().take(blocks) {
         blk.scale[0] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 0);
         blk.scale[1] = gather(w.scale.as_ptr(), c0, blocks, 2, b, 1);
+    }
+}
+
+/// A kind's int8 quants into `g`: the full range as i16 pairs, or less `low` as quads where every
+/// quant lies within 32 (Q8) or 64 (Q6) of it.
+#[inline(always)]
+unsafe fn transpose_quants(
+    qs: *const i8,
+    low: Option<i8>,
+    c0: usize,
+    blocks: usize,
+    g: &mut [Block8],
+    next: &NextGroup,
+) {
+    match low {
+        Some(low) => transpose_narrow(qs, c0, blocks, g, low, next),
+        None => transpose_bytes(qs, c0, blocks, g, next),
     }
 }
 
