@@ -5,7 +5,8 @@
 //! activations) at the same shapes. Prints the median microseconds per product and the
 //! multiply-adds per nanosecond it reached (weights in cache after the first call: at many rows a
 //! product is bound by arithmetic, not memory). `KVPARK_CPU_ISA` and `KVPARK_CPU_SIDE_BY_SIDE`
-//! select the kernels, as everywhere.
+//! select the kernels, as everywhere; `GEMM_SPEED_KIND=Q8` (a kind's name as printed) times that
+//! kind alone.
 use kvpark_cpu_ops::{
     matmul_dense, matmul_i8, set_threads, DenseKernel, DenseValues, DenseWeights, I8Kernel,
     I8Scratch, Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights,
@@ -126,6 +127,9 @@ fn main() {
     for kind in [Kind::Q4, Kind::Q8, Kind::Q8Offset, Kind::Q6, Kind::Iq4] {
         if std::env::var("GEMM_SPEED_DENSE_ONLY").is_ok() {
             break;
+        }
+        if std::env::var("GEMM_SPEED_KIND").is_ok_and(|only| only != format!("{kind:?}")) {
+            continue;
         }
         for (n, k) in [(960, 576), (3072, 576), (576, 1536)] {
             let m = Matrix::new(n, k, kind);

@@ -45,10 +45,22 @@ impl Fetch {
 /// and when to ask for them.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct NextGroup {
-    /// Each array's bytes for this group: start, length (the next group's follow them) and the
-    /// bytes a block asks for (whole lines).
-    regions: [(*const u8, usize, usize); 3],
+    /// Each array's next group as lines, so that a block's share is a multiply and two bounds.
+    /// Why: with the weights in cache (nothing to wait for) an eight-row AVX2 Q8 product that
+    /// asked for nothing ran 3-8 % faster than one working out each share from byte ranges
+    /// through a stepped iterator; as line counts about 2 % of that came back (one thread,
+    /// alternated four times).
+    regions: [Region; 3],
     fetch: Fetch,
+}
+
+/// One array's next group: where it starts, how many lines it spans, and how many of them each
+/// block asks for (the last blocks' shares may be short or empty).
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    first: *const u8,
+    lines: usize,
+    per_block: usize,
 }
 
 impl NextGroup {
@@ -59,10 +71,20 @@ impl NextGroup {
         // the array at `p` holding `per` bytes a block of each column
         let region = |p: *const u8, per: usize| {
             let bytes = columns * blocks * per;
-            let share = bytes.div_ceil(blocks).next_multiple_of(64);
-            (p.wrapping_add(c0 * blocks * per), bytes, share)
+            // wrapping_add forms the address without UB; the next group follows this one
+            let first = p.wrapping_add(c0 * blocks * per + bytes);
+            let per_block = bytes.div_ceil(blocks).div_ceil(64);
+            Region {
+                first,
+                lines: bytes.div_ceil(64),
+                per_block,
+            }
         };
-        let none = (std::ptr::null(), 0, 64);
+        let none = Region {
+            first: std::ptr::null(),
+            lines: 0,
+            per_block: 0,
+        };
         let regions = match w {
             Weights::Q4(w) if !w.packed => [
                 region(w.qs.as_ptr(), 16),
@@ -118,12 +140,10 @@ impl NextGroup {
     /// The lines of block `b`'s share of every array's next group (none past its end).
     #[inline(always)]
     fn lines(&self, b: usize) -> impl Iterator<Item = *const i8> + '_ {
-        self.regions.iter().flat_map(move |&(p, bytes, share)| {
-            // wrapping_add forms the addresses without UB
-            let next = p.wrapping_add(bytes);
-            (b * share..((b + 1) * share).min(bytes))
-                .step_by(64)
-                .map(move |line| next.wrapping_add(line).cast())
+        self.regions.iter().flat_map(move |r| {
+            let from = (b * r.per_block).min(r.lines);
+            let to = (from + r.per_block).min(r.lines);
+            (from..to).map(move |line| r.first.wrapping_add(64 * line).cast())
         })
     }
 }
