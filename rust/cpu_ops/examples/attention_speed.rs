@@ -62,16 +62,31 @@ fn main() {
         }
     }
     set_threads(2);
-    for ctx in [125, 1000] {
-        let ms = cold_step(8, ctx);
-        println!("threads 2 seqs 8 ctx {ctx}  f16, a pool per layer: {ms:.2} ms a step (median)");
+    let cold: Vec<(usize, usize)> = match std::env::var("ATTENTION_SPEED_COLD") {
+        // SEQS:CTX,SEQS:CTX,...
+        Ok(list) => list
+            .split(',')
+            .map(|p| {
+                let (s, c) = p.split_once(':').expect("SEQS:CTX");
+                (s.parse().expect("SEQS"), c.parse().expect("CTX"))
+            })
+            .collect(),
+        Err(_) => vec![(8, 125), (8, 400), (8, 1000)],
+    };
+    for (seqs, ctx) in cold {
+        let ms = cold_step(seqs, ctx);
+        println!(
+            "threads 2 seqs {seqs} ctx {ctx}  f16, a pool per layer: {ms:.2} ms a step (median)"
+        );
     }
 }
 
 /// The median over 40 steps of `seqs` sequences' attention in 30 layers, each layer's pool its
 /// own (f16 values, 4,096 cells), with 8 MiB read between layers.
 fn cold_step(seqs: usize, ctx: usize) -> f64 {
-    let (heads, kv, d, cells_total, page, layers) = (9, 3, 64, 4096, 16, 30);
+    let (heads, kv, d, page, layers) = (9, 3, 64, 16, 30);
+    // a pool per layer as a server's: 4,096 cells, or enough that no two cells coincide
+    let cells_total = (seqs * ctx).next_multiple_of(page).max(4096);
     let n = cells_total * kv * d;
     // f16 values in [2^-11, 2^-10): small positive numbers, as a real pool's are in magnitude
     let pool = |seed: usize| -> Vec<u16> {

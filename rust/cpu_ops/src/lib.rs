@@ -39,6 +39,7 @@
 
 mod attention;
 mod avx2;
+mod cache;
 pub mod decoder;
 pub mod dense;
 mod exp;

@@ -43,11 +43,19 @@ const WIDE_ENTRIES: usize = 1;
 const PREFETCH_CELLS: usize = 6;
 
 /// V values (of a task's cells and KV heads) above which one entry's weighted sums read the
-/// rows straight from the pool instead of from a widened copy (256 KiB of f32). The copy lets
-/// the sums stay in registers across the cells, and eight sequences' decode attention took
-/// 14-36 % less time with it (AVX2 and AVX-512, contexts of 150 to 1000, f16 pool); but a copy
-/// larger than L2 is written and read from further down: at 16,000 cells it took 1.45x the time.
-const STREAM_V_VALUES: usize = 64 * 1024;
+/// rows straight from the pool instead of from a widened copy: as many f32 as half the core's
+/// L2 holds. The copy lets the sums stay in registers across the cells, and eight sequences'
+/// decode attention took 14-36 % less time with it (AVX2 and AVX-512, contexts of 150 to 1000,
+/// f16 pool); but a copy larger than L2 is written and read from further down: at 16,000 cells
+/// it took 1.45x the time. Half the L2, because the pool's rows and the K tile pass through it
+/// too: on a 2 MiB L2 (`examples/attention_speed.rs`, a pool per layer, two threads) the copy won
+/// up to 1 MiB (eight sequences at 400 and 1,000 cells 10-15 % faster than streaming, one at
+/// 1,500 cells 10-20 %), was even at one sequence of 4,000 cells (1 MiB) and lost past it
+/// (eight at 2,000 cells, 1.5 MiB, 4-7 % slower; one at 16,000, 4 MiB, 25 %). A fixed 256 KiB
+/// had streamed every decode row past 341 cells of three KV heads on every machine.
+pub(super) fn stream_v_values() -> usize {
+    crate::cache::l2_bytes() / 2 / std::mem::size_of::<f32>()
+}
 
 /// One thread's buffers, kept across its tasks.
 #[derive(Default)]
@@ -232,7 +240,7 @@ pub(super) fn task<R: Rows, D: Dot>(
             row.iter_mut().for_each(|x| *x *= inv);
         }
     }
-    if entries == 1 && cells * n * d > STREAM_V_VALUES {
+    if entries == 1 && cells * n * d > stream_v_values() {
         // one entry with a long context: each V row straight from the pool into every head's
         // sums (kept in memory), so the rows are read once rather than widened into a copy
         // larger than the core's L2 and read again

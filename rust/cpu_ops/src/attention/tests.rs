@@ -157,15 +157,16 @@ fn a_prompt_chunks_rows_in_blocks_give_each_rows_bits_alone() {
     for (d, group) in [(40, 3), (56, 3), (64, 3), (64, 4), (40, 5), (56, 2)] {
         rows_in_blocks_give_each_rows_bits_alone(d, group, 20);
     }
-    // a row alone past `block::STREAM_V_VALUES` (1100 cells of a 64-value head) reads its V
-    // rows from the pool; in a block, from their widened copy
-    rows_in_blocks_give_each_rows_bits_alone(64, 3, 1100);
+    // a row alone past `block::stream_v_values` (cells of a 64-value head: half this machine's
+    // L2 in f32, and 100 more) reads its V rows from the pool; in a block, from their widened
+    // copy
+    rows_in_blocks_give_each_rows_bits_alone(64, 3, super::block::stream_v_values() / 64 + 100);
 }
 
 fn rows_in_blocks_give_each_rows_bits_alone(d: usize, group: usize, p0: usize) {
     let kv = 2;
     let heads = kv * group;
-    let n_cells = if p0 > 100 { 1301 } else { 300 };
+    let n_cells = if p0 > 100 { p0 + 201 } else { 300 };
     let mut seed = 11;
     let n = n_cells * kv * d;
     let (k16, v16) = (f16_bits(n, &mut seed), f16_bits(n, &mut seed));
