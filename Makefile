@@ -69,7 +69,8 @@ browser:
 
 # pytest's own script, not `python -m pytest`: `-m` puts the repo root on sys.path, where the
 # Triton sources in kernels/ (shipped as kvpark.kernels) shadow PyPI's `kernels` package, which
-# transformers >= 5.25 imports when installed.
+# transformers >= 5.25 imports when installed (tests/conftest.py takes it off again for those who
+# run `python -m pytest`).
 pytest: setup browser
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n auto --dist loadfile tests
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import zlib
 from pathlib import Path
 
@@ -19,6 +20,13 @@ if not Path("/dev/nvidiactl").exists():
 
 import pytest
 import torch
+
+# `python -m pytest` puts its working directory first on sys.path: from the repo root, kernels/
+# (the Triton sources) would then stand in for PyPI's `kernels` package, which transformers
+# imports where it is installed (tests/docs/test_import_path.py). Taken off again here, before
+# any test module imports transformers; `make test` runs pytest's own script, which never adds it.
+_REPO = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _REPO]
 
 # `make test` runs the suite on pytest-xdist workers, one per core: each worker (and every server it
 # starts, which inherits the mask) is pinned to a core of its own, so a worker's kernels, whose

@@ -1,6 +1,7 @@
-"""The suite runs without the repo root on sys.path (the Makefile calls pytest's own script):
-there the Triton sources in kernels/ would stand in for PyPI's ``kernels`` package, which
-transformers imports when it is installed, and every transformers model would fail to build."""
+"""The suite runs without the repo root on sys.path (the Makefile calls pytest's own script, and
+tests/conftest.py takes the root off where ``python -m pytest`` put it): there the Triton
+sources in kernels/ would stand in for PyPI's ``kernels`` package, which transformers imports
+when it is installed, and every transformers model would fail to build."""
 
 from __future__ import annotations
 
