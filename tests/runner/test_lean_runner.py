@@ -34,7 +34,7 @@ QUESTIONS = [  # the parity prompts of tests/model/test_model_parity.py
 
 
 def config(**options: object) -> EngineConfig:
-    model = ModelConfig(threads=1, **options)  # type: ignore[arg-type]
+    model = ModelConfig(**{"threads": 1, **options})  # type: ignore[arg-type]
     return EngineConfig(model=model, pool=PoolConfig(kv_cells=CELLS, page_size=PAGE))
 
 
@@ -137,6 +137,21 @@ def test_a_rows_bits_do_not_depend_on_its_step(
     others = [StepItem(1 + j, 3 + j, [200 + j], True) for j in range(7)]
     many = runner.execute(plan_for([*others[:4], StepItem(0, len(p), [nxt], True), *others[4:]]))
     assert np.array_equal(many[4], one[0])  # its own cell rewritten with the same bits
+
+
+def test_a_prompts_row_wise_work_split_over_two_threads_keeps_its_bits(
+    prompts: list[list[int]],
+) -> None:
+    """A prompt of 120 rows passes rust/cpu_ops/src/row_split.rs's size, so its norms, rope,
+    SwiGLU, residual adds and int8 quantising go to both kernel threads: the bits of one."""
+    long = (prompts[0] * 8)[:120]
+    logits = {}
+    for threads in (2, 1):  # one thread last: the module's other tests run on it
+        r = lean(threads=threads)
+        logits[threads] = r.execute(plan_for([StepItem(0, 0, long, True)]))
+        assert r.threads == threads
+    assert np.isfinite(logits[1]).all()
+    assert np.array_equal(logits[2], logits[1])
 
 
 def test_page_copies_and_a_parks_save_and_restore_keep_the_cells(

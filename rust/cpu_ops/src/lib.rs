@@ -53,6 +53,7 @@ pub mod packed_q5;
 pub mod packed_q5_blocks;
 mod plain;
 mod product;
+mod row_split;
 mod shape;
 mod threads;
 mod tiling;

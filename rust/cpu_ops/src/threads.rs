@@ -281,9 +281,24 @@ pub(crate) fn team_size() -> usize {
 /// of [`set_threads`]; on the calling thread alone (one call, `0..tasks`) when there is one
 /// thread or `work` (a size, in weights or values read) is too small to split.
 pub(crate) fn parallel(tasks: usize, work: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    parallel_above(tasks, work, MIN_PARALLEL_WORK, f)
+}
+
+/// [`parallel`] with its own threshold: split where `work >= min_work`. Work too small to split
+/// runs before the team is locked, so that a task may call it again (a Qwen3 head's norm inside
+/// a split rope) without waiting on the lock its own call holds.
+pub(crate) fn parallel_above(
+    tasks: usize,
+    work: usize,
+    min_work: usize,
+    f: &(dyn Fn(Range<usize>) + Sync),
+) {
+    if work < min_work || tasks <= 1 {
+        return f(0..tasks);
+    }
     let team = TEAM.lock().unwrap_or_else(|e| e.into_inner());
     match team.as_ref() {
-        Some(team) if work >= MIN_PARALLEL_WORK && tasks > 1 => team.run(tasks, f),
+        Some(team) => team.run(tasks, f),
         _ => {
             drop(team);
             f(0..tasks);

@@ -5,6 +5,7 @@ use crate::attention::{decode_attention_with, DecodeAttention};
 use crate::int8::{matmul_i8, matmul_i8_parts, I8Kernel, I8Scratch};
 use crate::norm::rms_norm;
 use crate::product::product;
+use crate::row_split::{for_rows, SharedRows};
 use crate::shape::ShapeError;
 use crate::weights::Weights;
 
@@ -148,23 +149,45 @@ pub(super) fn run(
     )?;
     add_bias(qkv, layer.qkv_bias);
     let q = sized(&mut ws.q, t * nq);
-    let tmp = sized(&mut ws.tmp, nq.max(nkv));
     let rope = model.ropes[layer.rope];
-    for r in 0..t {
-        let p = step.positions[r] as usize;
-        let (cos, sin) = (
-            &rope.cos[p * half..(p + 1) * half],
-            &rope.sin[p * half..(p + 1) * half],
-        );
-        let row = &mut qkv[r * qkv_w..(r + 1) * qkv_w];
-        let (qr, kv) = row.split_at_mut(nq);
-        let (kr, vr) = kv.split_at_mut(nkv);
-        heads_in_place(qr, layer.q_norm, s, cos, sin, &mut tmp[..nq])?;
-        heads_in_place(kr, layer.k_norm, s, cos, sin, &mut tmp[..nkv])?;
-        q[r * nq..(r + 1) * nq].copy_from_slice(qr);
+    // each row's norm and rope on the thread its rows fall to; then K and V into the pool
+    let (qkv_rows, q_rows) = (SharedRows::new(qkv, qkv_w), SharedRows::new(q, nq));
+    let failed = std::sync::Mutex::new(None);
+    for_rows(t, qkv_w, &|rows| {
+        // the Qwen3 head norms' copy (no allocation where the model has none)
+        let normed = layer.q_norm.is_some() || layer.k_norm.is_some();
+        let mut tmp = vec![0.0f32; if normed { nq.max(nkv) } else { 0 }];
+        let w = tmp.len();
+        // SAFETY: for_rows hands each range of rows to one thread.
+        let (qkv, q) = unsafe { (qkv_rows.rows(rows.clone()), q_rows.rows(rows.clone())) };
+        let each = qkv.chunks_exact_mut(qkv_w).zip(q.chunks_exact_mut(nq));
+        for (r, (row, q)) in rows.zip(each) {
+            let p = step.positions[r] as usize;
+            let (cos, sin) = (
+                &rope.cos[p * half..(p + 1) * half],
+                &rope.sin[p * half..(p + 1) * half],
+            );
+            let (qr, kv) = row.split_at_mut(nq);
+            let kr = &mut kv[..nkv];
+            let done = heads_in_place(qr, layer.q_norm, s, cos, sin, &mut tmp[..nq.min(w)])
+                .and_then(|()| {
+                    heads_in_place(kr, layer.k_norm, s, cos, sin, &mut tmp[..nkv.min(w)])
+                });
+            if let Err(e) = done {
+                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                return;
+            }
+            q.copy_from_slice(qr);
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let q = &ws.q[..t * nq];
+    for (r, row) in qkv.chunks_exact(qkv_w).enumerate() {
         let cell = slots[r] as usize;
-        k_cells.store(cell, kr);
-        v_cells.store(cell, vr);
+        k_cells.store(cell, &row[nq..nq + nkv]);
+        v_cells.store(cell, &row[nq + nkv..]);
     }
     let att = sized(&mut ws.att, t * nq);
     let e = if layer.sliding {
@@ -244,14 +267,20 @@ pub(super) fn swiglu(
     let gu = sized(&mut bufs.gate_up, rows * 2 * width);
     matmul_parts(model.dot, x, rows, gate_up, gu, &mut bufs.part, i8)?;
     let act = sized(&mut bufs.act, rows * width);
-    for (row, o) in gu.chunks_exact(2 * width).zip(act.chunks_exact_mut(width)) {
-        let (gate, up) = row.split_at(width);
-        match model.shape.act {
-            Act::Silu => super::silu::silu_mul(gate, up, o),
-            Act::GeluTanh => super::gelu::gelu_mul(gate, up, o),
+    let (shared, kind) = (SharedRows::new(act, width), model.shape.act);
+    for_rows(rows, 2 * width, &|r| {
+        // SAFETY: for_rows hands each range of rows to one thread.
+        let act = unsafe { shared.rows(r.clone()) };
+        let gu = &gu[r.start * 2 * width..r.end * 2 * width];
+        for (row, o) in gu.chunks_exact(2 * width).zip(act.chunks_exact_mut(width)) {
+            let (gate, up) = row.split_at(width);
+            match kind {
+                Act::Silu => super::silu::silu_mul(gate, up, o),
+                Act::GeluTanh => super::gelu::gelu_mul(gate, up, o),
+            }
         }
-    }
-    matmul(model.dot, act, rows, down, out, i8)
+    });
+    matmul(model.dot, &bufs.act[..rows * width], rows, down, out, i8)
 }
 
 /// `x += y`, or `x += norm(y)` where the layer norms its outputs (Gemma's sandwich norms).
@@ -270,6 +299,13 @@ fn residual_add(
             normed
         }
     };
-    x.iter_mut().zip(y.iter()).for_each(|(x, p)| *x += p);
+    let d = s.hidden;
+    let shared = SharedRows::new(x, d);
+    for_rows(y.len() / d, d, &|r| {
+        // SAFETY: for_rows hands each range of rows to one thread.
+        let x = unsafe { shared.rows(r.clone()) };
+        let y = &y[r.start * d..r.end * d];
+        x.iter_mut().zip(y).for_each(|(x, p)| *x += p);
+    });
     Ok(())
 }

@@ -176,7 +176,6 @@ pub struct Workspace {
     pub(crate) q: Vec<f32>,
     pub(crate) att: Vec<f32>,
     pub(crate) proj: Vec<f32>,
-    pub(crate) tmp: Vec<f32>,
     /// the MLP's and the mixture's buffers
     pub(crate) mlp: layer::MlpBufs,
     pub(crate) moe: moe::MoeBufs,

@@ -8,6 +8,7 @@
 //! ```
 
 use super::{quantise, Activations, I8Kernel, LANES};
+use crate::row_split::{for_rows, SharedRows};
 use crate::shape::{check, ShapeError};
 use crate::weights::BLOCK;
 
@@ -77,31 +78,51 @@ impl I8Scratch {
         self.bias.resize(rows * padded, [0; 3]);
         self.hi.resize(rows * padded, 0.0);
         (self.rows, self.k) = (rows, k);
-        for r in 0..rows {
-            let blocks = r * padded..(r + 1) * padded;
-            let sums = quantise::Sums {
-                d: &mut self.d[blocks.clone()],
-                sum: &mut self.sum[blocks.clone()],
-                lo: &mut self.lo[blocks.clone()],
-                bias: &mut self.bias[blocks.clone()],
-                hi: &mut self.hi[blocks],
-            };
-            let q = &mut self.q[r * k..(r + 1) * k];
-            let padding = k / BLOCK..padded;
-            // the buffers may hold an earlier call's values in the padding
-            for v in [&mut *sums.d, &mut *sums.sum, &mut *sums.lo, &mut *sums.hi] {
-                v[padding.clone()].fill(0.0);
+        // an i16 copy for the AVX2 kernel of several rows: each quad as 0, 2, 1, 3, the pairs
+        // wide_avx2.rs widens the weights into
+        let widened = rows >= 2 && kernel == I8Kernel::Avx2;
+        self.q16.resize(if widened { rows * k } else { 0 }, 0);
+        let q = SharedRows::new(&mut self.q, k);
+        let q16 = SharedRows::new(&mut self.q16, k.max(1));
+        let (d, sum) = (
+            SharedRows::new(&mut self.d, padded),
+            SharedRows::new(&mut self.sum, padded),
+        );
+        let (lo, hi) = (
+            SharedRows::new(&mut self.lo, padded),
+            SharedRows::new(&mut self.hi, padded),
+        );
+        let bias = SharedRows::new(&mut self.bias, padded);
+        for_rows(rows, k, &|r| {
+            for r in r {
+                // SAFETY: for_rows hands each range of rows to one thread.
+                let sums = unsafe {
+                    quantise::Sums {
+                        d: d.rows(r..r + 1),
+                        sum: sum.rows(r..r + 1),
+                        lo: lo.rows(r..r + 1),
+                        bias: bias.rows(r..r + 1),
+                        hi: hi.rows(r..r + 1),
+                    }
+                };
+                let padding = k / BLOCK..padded;
+                // the buffers may hold an earlier call's values in the padding
+                for v in [&mut *sums.d, &mut *sums.sum, &mut *sums.lo, &mut *sums.hi] {
+                    v[padding.clone()].fill(0.0);
+                }
+                sums.bias[padding.clone()].fill([0; 3]);
+                // SAFETY: as above.
+                let q = unsafe { q.rows(r..r + 1) };
+                quantise::row(&x[r * k..(r + 1) * k], q, sums, kernel != I8Kernel::Plain);
+                if widened {
+                    // SAFETY: as above.
+                    let wide = unsafe { q16.rows(r..r + 1) };
+                    for (w, q) in wide.chunks_exact_mut(4).zip(q.chunks_exact(4)) {
+                        w.copy_from_slice(&[q[0], q[2], q[1], q[3]].map(i16::from));
+                    }
+                }
             }
-            sums.bias[padding.clone()].fill([0; 3]);
-            quantise::row(&x[r * k..(r + 1) * k], q, sums, kernel != I8Kernel::Plain);
-        }
-        self.q16.clear();
-        if rows >= 2 && kernel == I8Kernel::Avx2 {
-            // each quad as 0, 2, 1, 3: the pairs wide_avx2.rs widens the weights into
-            let quads = self.q.chunks_exact(4);
-            self.q16
-                .extend(quads.flat_map(|q| [q[0], q[2], q[1], q[3]].map(i16::from)));
-        }
+        });
         self.pairs.clear();
         #[cfg(target_arch = "x86_64")]
         if rows == 1
