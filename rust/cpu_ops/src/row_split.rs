@@ -101,4 +101,23 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_split_called_from_inside_a_split_runs_on_its_own_thread() {
+        crate::set_threads(2);
+        let (rows, width) = (64, 1024); // each level large enough to split on its own
+        let mut v = vec![0u32; rows * width];
+        let shared = SharedRows::new(&mut v, width);
+        for_rows(rows, width, &|r| {
+            // SAFETY: for_rows hands each range to one thread.
+            let mine = unsafe { shared.rows(r.clone()) };
+            let inner = SharedRows::new(mine, width);
+            for_rows(r.len(), 64 * width, &|i| {
+                // SAFETY: as above, within this range.
+                let row = unsafe { inner.rows(i) };
+                row.iter_mut().for_each(|x| *x += 1);
+            });
+        });
+        assert!(v.iter().all(|&x| x == 1));
+    }
 }

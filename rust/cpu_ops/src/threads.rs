@@ -164,7 +164,7 @@ impl Team {
         for h in &self.helpers {
             h.thread().unpark(); // no system call unless the helper is parked
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| job.work()));
+        let mine = catch_unwind(AssertUnwindSafe(|| in_job(|| job.work())));
         *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None; // no one joins now
         while self.shared.active.load(Ordering::Acquire) > 0 {
             std::hint::spin_loop();
@@ -209,7 +209,7 @@ fn helper(shared: &Shared) {
             shared.active.fetch_add(1, Ordering::SeqCst);
             Arc::clone(job)
         };
-        if catch_unwind(AssertUnwindSafe(|| job.work())).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| in_job(|| job.work()))).is_err() {
             shared.panicked.store(true, Ordering::SeqCst);
         }
         drop(job);
@@ -277,6 +277,23 @@ pub(crate) fn team_size() -> usize {
     team.as_ref().map_or(1, |t| t.threads)
 }
 
+thread_local! {
+    /// Whether this thread is running a task of a call (the caller's share or a helper's).
+    static IN_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `work` with [`IN_JOB`] set, restored after (a panic included: the caller catches it).
+fn in_job<T>(work: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_JOB.set(self.0);
+        }
+    }
+    let _reset = Reset(IN_JOB.replace(true));
+    work()
+}
+
 /// Calls `f` on contiguous ranges that together cover `0..tasks` once, spread over the threads
 /// of [`set_threads`]; on the calling thread alone (one call, `0..tasks`) when there is one
 /// thread or `work` (a size, in weights or values read) is too small to split.
@@ -284,16 +301,16 @@ pub(crate) fn parallel(tasks: usize, work: usize, f: &(dyn Fn(Range<usize>) + Sy
     parallel_above(tasks, work, MIN_PARALLEL_WORK, f)
 }
 
-/// [`parallel`] with its own threshold: split where `work >= min_work`. Work too small to split
-/// runs before the team is locked, so that a task may call it again (a Qwen3 head's norm inside
-/// a split rope) without waiting on the lock its own call holds.
+/// [`parallel`] with its own threshold: split where `work >= min_work`. A call from inside a
+/// task (a Qwen3 head's norm inside a split rope) runs on its own thread, as does work too small
+/// to split: the team is busy with the outer call, whose lock this thread may hold.
 pub(crate) fn parallel_above(
     tasks: usize,
     work: usize,
     min_work: usize,
     f: &(dyn Fn(Range<usize>) + Sync),
 ) {
-    if work < min_work || tasks <= 1 {
+    if work < min_work || tasks <= 1 || IN_JOB.get() {
         return f(0..tasks);
     }
     let team = TEAM.lock().unwrap_or_else(|e| e.into_inner());
