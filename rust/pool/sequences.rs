@@ -239,6 +239,13 @@ impl KvPool {
         }
         let src = table.pages[keep - 1];
         let dst = self.pages.alloc();
+        // Allocating may evict a cached page, and with it the keys of the pages its chain ran on
+        // to: `src` may have lost its key here, and held by this sequence alone it is then its
+        // own to write in place. The fresh page goes back; no copy.
+        if self.pages.refcount(src) == 1 && !self.pages.is_registered(src) {
+            self.pages.release(dst);
+            return Ok(Vec::new());
+        }
         let registered = self.pages.is_registered(src);
         let freed = self.pages.release(src);
         debug_assert!(!freed || registered, "copied page {src} was not shared");
