@@ -51,7 +51,7 @@ impl PyCpuDecoder {
     /// `shape`: (hidden, heads, kv_heads, head_dim, intermediate, vocab); `kv_values`: values in
     /// each layer's K (and V) pool; `kv_dtype`: "float32", "bfloat16" or "float16"; `rope_values`: values
     /// in each cos and sin table of `ropes` ((cos, sin) addresses, [positions, head_dim / 2]
-    /// each); `dot`: "int8" or "float32" (kvpark_cpu_ops::decoder::Dot); `features`: the
+    /// each); `dot`: "int8", "int8+bf16" or "float32" (kvpark_cpu_ops::decoder::Dot); `features`: the
     /// architecture's switches ([`Features`]: act 's' silu or 'g' gelu_tanh);
     /// `window_kv_values`: values in each sliding layer's K (and V) pool when the sliding
     /// layers keep a cell space of their own (0: `kv_values`, they share the cells).
@@ -119,6 +119,7 @@ impl PyCpuDecoder {
         let dot = match dot {
             "float32" => Dot::F32,
             "int8" => Dot::Int8,
+            "int8+bf16" => Dot::Int8Bf16,
             other => return Err(PyValueError::new_err(format!("block dot {other:?}"))),
         };
         let qkv = (heads + 2 * kv_heads) * head_dim;

@@ -79,6 +79,29 @@ def test_explicit_choices_win_or_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
+    "features", [AVX512_BF16, AVX512, AVX2, PLAIN], ids=["avx512-bf16", "avx512", "avx2", "plain"]
+)
+def test_bf16_matrices_take_bf16_activations_where_the_cpu_multiplies_them(
+    features: dict[str, bool | str],
+) -> None:
+    """Under the int8 dot, BF16 matrices take bf16 activations on AVX-512 BF16 (vdpbf16ps, as
+    llama.cpp multiplies them), float32 ones elsewhere; ``--block-dot float32`` is the off
+    switch. The decoder's dot, /props and the start-up line say which."""
+    native = features is AVX512_BF16
+    paths = choose(features)
+    assert paths.dense_dot == ("bf16" if native else "float32")
+    assert paths.decoder_dot == ("int8+bf16" if native else "int8")
+    assert paths.describe()["bf16_dot"] == paths.dense_dot
+    assert ("bf16 matrices by bf16 activations" in paths.summary()) == native
+    assert choose(features, exact=True).dense_dot == paths.dense_dot  # row-invariant too
+    off = choose(features, block_dot="float32")
+    assert (off.dense_dot, off.decoder_dot) == ("float32", "float32")
+    # KVPARK_CPU_ISA=avx2 on the same CPU: the capped flags decide
+    capped = {**features, "isa": "avx2"} if native else features
+    assert choose(capped).dense_dot == ("float32" if native else paths.dense_dot)
+
+
+@pytest.mark.parametrize(
     ("spellings", "name"),
     [
         (("f32", "float32"), "float32"),

@@ -71,7 +71,7 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator, sd: float) -> tu
 class Model:
     """Random weights of the given kinds, the decoder over them, and the float64 forward."""
 
-    def __init__(self, kinds: dict[str, str], intermediate: int, int8: bool = False) -> None:
+    def __init__(self, kinds: dict[str, str], intermediate: int, dot: str = "float32") -> None:
         rng = np.random.default_rng(0)
         self.arch = a = arch(intermediate)
         h, d, i = a.hidden_size, a.head_dim, intermediate
@@ -112,7 +112,7 @@ class Model:
         ]
         self.inputs = DecoderInputs()  # alive with the decoder
         self.decoder = build_decoder(
-            a, layers, self.embed, self.norm, self.head, [self.rope], "float32", int8, self.inputs
+            a, layers, self.embed, self.norm, self.head, [self.rope], "float32", dot, self.inputs
         )
 
     def run(self, method: str) -> F32:
@@ -227,10 +227,48 @@ def test_a_model_mixing_blocks_and_dense_matrices() -> None:
 
 @pytest.mark.parametrize("kind", DENSE)
 def test_dense_products_ignore_the_block_dot(kind: str) -> None:
-    """int8 activations are defined only against blocks: a dense model's bits are the same."""
+    """int8 activations are defined only against blocks: a dense model's bits are the same, and
+    bf16 activations (``int8+bf16``) only against BF16 matrices."""
     f32 = Model(ALL_DENSE[kind], intermediate=88).run("step")
-    int8 = Model(ALL_DENSE[kind], intermediate=88, int8=True).run("step")
+    int8 = Model(ALL_DENSE[kind], intermediate=88, dot="int8").run("step")
     assert f32.tobytes() == int8.tobytes()
+    if kind != "bf16":
+        pairs = Model(ALL_DENSE[kind], intermediate=88, dot="int8+bf16").run("step")
+        assert f32.tobytes() == pairs.tobytes()
+
+
+def round_bf16(x: F32) -> F64:
+    """Each value rounded to bf16 as the decoder rounds activations for bf16 pairs (to nearest
+    even; a zero or subnormal to a zero of its sign), as float64."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    r = np.where((b & 0x7F800000) == 0, b & 0x80000000, r)
+    return r.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_bf16_matrices_take_bf16_activations_under_the_pairs_dot() -> None:
+    """``int8+bf16``: a BF16 matrix whose k is whole chunks of 32 multiplies activations
+    rounded to bf16 (rust/cpu_ops/src/dense/bf16_pairs.rs). The head's logits are the product
+    of the decoder's own hidden rows so rounded, within the pairs' derived bound (m = k / 16
+    updates a lane, then the 4-level reduction); the forward stays within the float64 one's
+    budget widened by each product's rounding of its inputs (at most 2^-8 of each, bf16's unit
+    roundoff) and so parts from the float32 dot's bits. The down product (k = 88, not whole
+    chunks) keeps float32 activations."""
+    model = Model(ALL_DENSE["bf16"], intermediate=88, dot="int8+bf16")
+    hidden, logits = model.run("hidden"), model.run("step")
+    h, w = round_bf16(hidden), model.head64
+    k = h.shape[1]
+    head_bound = (gamma(k // 16 + 4) + gamma(k, 2.0**-53)) * (np.abs(h) @ np.abs(w).T)
+    assert np.all(np.abs(logits - h @ w.T) <= head_bound)
+    ref_hidden, ref_logits = model.reference()
+    ops = 10 * model.arch.n_layers + 2
+    rounded = 3 * model.arch.n_layers + 1  # qkv, o, gate_up and the head take bf16 rows
+    magnitude = np.abs(ref_hidden) @ np.abs(w).T
+    budget = (ops * gamma(176) + rounded * 2.0**-8) * magnitude
+    err = np.abs(logits - ref_logits)
+    assert np.all(err <= budget), float((err / magnitude).max())
+    f32 = Model(ALL_DENSE["bf16"], intermediate=88).run("step")
+    assert f32.tobytes() != logits.tobytes()
 
 
 def test_dense_matrices_are_checked() -> None:

@@ -61,7 +61,7 @@ def through(
     page), through the decoder's ``method``; what it wrote for ``rows``, and the pool."""
     pages = [-(-len(s) // PAGE) for s in seqs]
     pool = NumpyKVPool(r.weights.arch, sum(pages), PAGE, "float32")
-    decoder, _inputs = r._build_decoder(pool, r.cpu_paths.block_dot == "int8")  # alive with it
+    decoder, _inputs = r._build_decoder(pool, r.cpu_paths.decoder_dot)  # alive with it
     tables = [list(range(sum(pages[:i]), sum(pages[: i + 1]))) for i in range(len(seqs))]
     tokens = [t for s in seqs for t in s]
     positions = [p for s in seqs for p in range(len(s))]

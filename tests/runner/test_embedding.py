@@ -114,7 +114,7 @@ def test_the_lean_embed_is_the_pooled_hidden_states_and_the_torch_models(
     got = lean.embed(ids)
     # the decoder's rows straight, over a pool of their own
     pool = NumpyKVPool(lean.weights.arch, pages, PAGE, "float32")
-    decoder, _keep = lean._build_decoder(pool, int8=False)
+    decoder, _keep = lean._build_decoder(pool, dot="float32")
     rows = np.empty((n, lean.weights.arch.hidden_size), np.float32)
     cells = list(range(n))
     decoder.hidden(ids, cells, cells, [n], [list(range(pages))], PAGE, cells, rows.ctypes.data)

@@ -115,9 +115,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=one_of(*BLOCK_DOTS),
         default="auto",
         help="how block weights multiply on the CPU: int8 (activations rounded to int8 per "
-        "block of 32, integer dot products, llama.cpp's arithmetic) or float32 (each block "
-        "expanded to float32); auto: float32, the one that keeps float32's greedy tokens "
-        "(docs/cpu-kernels.md)",
+        "block of 32, integer dot products, llama.cpp's arithmetic; on a CPU with AVX-512 BF16 "
+        "BF16 matrices then take activations rounded to bf16, vdpbf16ps, as in llama.cpp) or "
+        "float32 (each block expanded to float32, float32 activations against every matrix); "
+        "auto: int8, the faster on every CPU measured (docs/cpu-kernels.md)",
     )
     p.add_argument(
         "--prompt-path",

@@ -173,11 +173,12 @@ def build_decoder(
     head: Matrix,
     ropes: Sequence[tuple[Array, Array]],
     pool_dtype: str,
-    int8: bool,
+    dot: str,
     inputs: DecoderInputs,
 ) -> _core._CpuDecoder:
     """``ropes``: the arch's rope tables (rope_angles.rope_tables); ``pool_dtype``: the cells'
-    type (float32, bfloat16, float16); ``int8``: the block dot. The sliding layers' K/V arrays
+    type (float32, bfloat16, float16); ``dot``: the decoder's arithmetic (``CpuPaths.decoder_dot``:
+    int8, int8+bf16 or float32). The sliding layers' K/V arrays
     may be smaller than the global layers' (a window space of their own, numpy_pool.py)."""
     cell = layers[0].k_cells.dtype.type
     specs: list[_LayerSpec] = [
@@ -232,7 +233,7 @@ def build_decoder(
         specs,
         kv_values,
         pool_dtype,
-        "int8" if int8 else "float32",
+        dot,
         features,
         window_kv_values,
     )

@@ -112,9 +112,7 @@ class LeanCpuRunner:
         # after the pool, whose untouched pages would otherwise reuse the heap the move frees
         self._arena = move_weights(weights)  # onto huge pages (huge_pages.py)
         self.embed_matrix, self.head_matrix, self.matrices = decoder_matrices(weights)
-        self.decoder, self._inputs = self._build_decoder(
-            self.pool, self.cpu_paths.block_dot == "int8"
-        )
+        self.decoder, self._inputs = self._build_decoder(self.pool, self.cpu_paths.decoder_dot)
         log.info("runner: lean (the Rust decoder, no torch)")
 
     @classmethod
@@ -146,10 +144,10 @@ class LeanCpuRunner:
         return runner
 
     def _build_decoder(
-        self, pool: NumpyKVPool, int8: bool
+        self, pool: NumpyKVPool, dot: str
     ) -> tuple[_core._CpuDecoder, DecoderInputs]:
-        """A decoder over the weights and ``pool``'s cells (``int8``: the block dot), and the
-        inputs that keep alive every array whose address it holds: keep both together."""
+        """A decoder over the weights and ``pool``'s cells (``dot``: ``CpuPaths.decoder_dot``),
+        and the inputs that keep alive every array whose address it holds: keep both together."""
         w, arch = self.weights, self.weights.arch
         layers = [
             DecoderLayer(
@@ -188,7 +186,7 @@ class LeanCpuRunner:
             self.head_matrix,
             rope,
             pool.dtype,
-            int8,
+            dot,
             inputs,
         )
         return decoder, inputs
@@ -237,8 +235,7 @@ class LeanCpuRunner:
         self.pool = NumpyKVPool(
             self.weights.arch, pool.n_pages, self.page_size, pool.dtype, n_cells // self.page_size
         )
-        int8 = self.cpu_paths.block_dot == "int8"
-        self.decoder, self._inputs = self._build_decoder(self.pool, int8)
+        self.decoder, self._inputs = self._build_decoder(self.pool, self.cpu_paths.decoder_dot)
 
     @property
     def row_invariant(self) -> bool:
@@ -280,7 +277,7 @@ class LeanCpuRunner:
             raise ValueError("an embedding needs at least one token")
         pages = -(-n // self.page_size)
         pool = NumpyKVPool(self.weights.arch, pages, self.page_size, "float32")
-        decoder, _inputs = self._build_decoder(pool, int8=False)  # _inputs: alive with it
+        decoder, _inputs = self._build_decoder(pool, dot="float32")  # _inputs: alive with it
         hidden = np.empty((n, self.weights.arch.hidden_size), dtype=np.float32)
         # the pool is this prompt's alone: its cells are its positions
         plan = StepPlan(

@@ -1,15 +1,17 @@
 //! Times the int8 block products at decode and prompt row counts for every block kind, at the
 //! default model's layer shapes (SmolLM2-135M: k = 576 with n = 960 fused qkv and 3072 gate_up;
 //! k = 1536 with n = 576 down): `cargo run --release --example gemm_speed -p kvpark-cpu-ops
-//! [-- THREADS [ROWS,ROWS,...]]`, then the dense products (f32, f16 and bf16 values, f32
-//! activations) at the same shapes. Prints the median microseconds per product and the
+//! [-- THREADS [ROWS,ROWS,...]]`, then the dense products (f32, f16 and bf16 values by f32
+//! activations, and bf16 values by bf16 activations as `BF16x16`, `dense/bf16_pairs.rs`) at
+//! the same shapes. Prints the median microseconds per product and the
 //! multiply-adds per nanosecond it reached (weights in cache after the first call: at many rows a
 //! product is bound by arithmetic, not memory). `KVPARK_CPU_ISA` and `KVPARK_CPU_SIDE_BY_SIDE`
 //! select the kernels, as everywhere; `GEMM_SPEED_KIND=Q8` (a kind's name as printed) times that
 //! kind alone.
 use kvpark_cpu_ops::{
-    matmul_dense, matmul_i8, set_threads, DenseKernel, DenseValues, DenseWeights, I8Kernel,
-    I8Scratch, Iq4Weights, Q4Weights, Q6Weights, Q8Packing, Q8Weights, Weights,
+    dense::bf16_pairs, matmul_bf16_pairs, matmul_dense, matmul_i8, set_threads, DenseKernel,
+    DenseValues, DenseWeights, I8Kernel, I8Scratch, Iq4Weights, PairKernel, Q4Weights, Q6Weights,
+    Q8Packing, Q8Weights, Weights,
 };
 use std::time::Instant;
 
@@ -182,6 +184,16 @@ fn dense(row_counts: &[usize]) {
                     "{name:<8} {n:>5} {k:>5} {rows:>5} {us:>10.1} {:>8.1}",
                     macs / (us * 1e3)
                 );
+                if name == "BF16" && bf16_pairs::applies(&w) {
+                    let us = median_us(samples, || {
+                        matmul_bf16_pairs(&x, rows, w, &mut y, PairKernel::best()).unwrap()
+                    });
+                    println!(
+                        "{:<8} {n:>5} {k:>5} {rows:>5} {us:>10.1} {:>8.1}",
+                        "BF16x16",
+                        macs / (us * 1e3)
+                    );
+                }
             }
         }
     }

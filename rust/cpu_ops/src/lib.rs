@@ -60,6 +60,7 @@ mod tiling;
 mod weights;
 
 pub use attention::{decode_attention, decode_attention_with, DecodeAttention, KvValues, Scores};
+pub use dense::bf16_pairs::{matmul_bf16_pairs, round_bf16, PairKernel};
 pub use dense::{matmul_dense, DenseKernel};
 pub use int8::{
     matmul_i8, matmul_i8_parts, matmul_q4_i8, matmul_q6_i8, matmul_q8_i8, I8Kernel, I8Scratch,

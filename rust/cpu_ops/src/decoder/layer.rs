@@ -2,6 +2,7 @@
 
 use super::{sized, Act, Dot, KvCells, Layer, Mlp, Model, Shape, Step, Workspace};
 use crate::attention::{decode_attention_with, DecodeAttention};
+use crate::dense::bf16_pairs;
 use crate::int8::{matmul_i8, matmul_i8_parts, I8Kernel, I8Scratch};
 use crate::norm::rms_norm;
 use crate::product::product;
@@ -19,10 +20,15 @@ pub(crate) fn matmul(
     scratch: &mut I8Scratch,
 ) -> Result<(), ShapeError> {
     match (dot, w) {
-        (Dot::Int8, Weights::Q4(_) | Weights::Q8(_) | Weights::Q6(_) | Weights::Iq4(_)) => {
+        (_, Weights::Q4(_) | Weights::Q8(_) | Weights::Q6(_) | Weights::Iq4(_))
+            if dot.int8_blocks() =>
+        {
             matmul_i8(x, rows, w, y, I8Kernel::best(), scratch)
         }
-        // a dense matrix takes f32 rows whatever the block dot (int8 needs blocks)
+        (Dot::Int8Bf16, Weights::Dense(d)) if bf16_pairs::applies(&d) => {
+            bf16_pairs::matmul_bf16_pairs(x, rows, d, y, bf16_pairs::PairKernel::best())
+        }
+        // any other dense matrix takes f32 rows whatever the block dot (int8 needs blocks)
         _ => product(x, rows, w, y, true),
     }
 }
@@ -43,7 +49,7 @@ fn matmul_parts(
         return matmul(dot, x, rows, *one, y, scratch);
     }
     let blocks = |w: &Weights<'_>| !matches!(w, Weights::Dense(_));
-    if dot == Dot::Int8 && parts.iter().all(blocks) {
+    if dot.int8_blocks() && parts.iter().all(blocks) {
         return matmul_i8_parts(x, rows, parts, y, I8Kernel::best(), scratch, part);
     }
     let width: usize = parts.iter().map(|w| w.n()).sum();

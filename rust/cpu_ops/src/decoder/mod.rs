@@ -113,14 +113,26 @@ pub struct Rope<'a> {
     pub sin: &'a [f32],
 }
 
-/// How the products multiply the blocks. Dense matrices ignore it: int8 activations are
-/// defined only against blocks, so their products always take f32 rows ([`crate::dense`]).
+/// How the products multiply the blocks, and whether BF16 matrices take bf16 activations.
+/// Other dense matrices ignore it: int8 activations are defined only against blocks, so their
+/// products always take f32 rows ([`crate::dense`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dot {
-    /// f32 activations times each block expanded to f32 ([`crate::matmul_q4`]).
+    /// f32 activations times each block expanded to f32 ([`crate::matmul_q4`]), and times
+    /// every dense matrix.
     F32,
     /// activations rounded to int8 per block, integer dot products ([`crate::int8`]).
     Int8,
+    /// [`Dot::Int8`], and activations rounded to bf16 against BF16 matrices of whole chunks
+    /// ([`crate::dense::bf16_pairs`]).
+    Int8Bf16,
+}
+
+impl Dot {
+    /// Whether block products take int8 activations.
+    pub fn int8_blocks(self) -> bool {
+        matches!(self, Dot::Int8 | Dot::Int8Bf16)
+    }
 }
 
 /// The whole model.

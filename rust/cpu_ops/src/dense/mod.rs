@@ -32,6 +32,7 @@
 //! `floor = (k + 15) 2^-149` covers the `k + 15` roundings should any land in the subnormal
 //! range (`tests/dense.rs` checks it against a float64 product).
 
+pub mod bf16_pairs;
 mod format;
 #[cfg(target_arch = "x86_64")]
 mod packed;
