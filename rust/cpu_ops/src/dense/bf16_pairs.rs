@@ -28,8 +28,9 @@
 //!
 //! # Error bound
 //! Against the exact products of the rounded activations, as `mod.rs`'s bound with `m = k / 16`
-//! updates a lane; each activation's rounding moves it by at most `2^-8` of `|x_i|` (`tests/dense.rs`
-//! and `tests/bf16_pairs.rs` check both against float64).
+//! updates a lane, plus `(k + 15) 2^-126` for results flushed from the subnormals; each
+//! activation's rounding moves it by at most `2^-8` (bf16's unit roundoff) of `|x_i|`.
+//! `tests/bf16_pairs.rs` checks both against float64.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
